@@ -1,0 +1,31 @@
+"""The `g4bench` command line: a thin typer app.
+
+Every command lives in its own module under `g4bench/commands/`, whose import is cheap (typer and
+typing only); heavy imports (jax, pandas, the engine, the harness) happen inside the command body,
+so `g4bench --help` is instant. Commands call library functions and translate their results into
+exit codes; they hold no logic of their own.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from g4bench.commands import capacity, gate, generate, plot, revalidate, roofline, serve, serve_load, verify
+
+app = typer.Typer(
+    name="g4bench",
+    help="Benchmark and capacity-plan Gemma 4 E-series serving with a pure-JAX engine.",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+
+app.command("verify")(verify.verify)
+app.command("generate")(generate.generate)
+app.command("revalidate")(revalidate.revalidate)
+app.command("roofline")(roofline.roofline)
+app.command("plot")(plot.plot)
+app.command("gate")(gate.gate)
+app.command("capacity")(capacity.capacity)
+app.command("serve")(serve.serve)
+app.command("serve-load")(serve_load.serve_load)

@@ -1,0 +1,1 @@
+"""One module per CLI command; each imports only typer/typing at module level."""

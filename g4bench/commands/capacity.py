@@ -1,0 +1,10 @@
+"""`g4bench capacity` (placeholder: owned by the issue that builds it; replace whole file)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def capacity() -> None:
+    """Not built yet."""
+    raise typer.Exit(code=2)

@@ -1,0 +1,10 @@
+"""`g4bench generate` (placeholder: owned by the issue that builds it; replace whole file)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def generate() -> None:
+    """Not built yet."""
+    raise typer.Exit(code=2)

@@ -1,0 +1,204 @@
+"""`g4bench serve-load`: agent-workload latency and goodput over HTTP (harness/load does the work).
+
+Without --url it starts our `g4bench serve` on a free loopback port (model sized for the machine) and
+stops it afterwards, also on Ctrl-C and errors; with --url it benchmarks any OpenAI-compatible server.
+Exit codes: 0 done, 1 partial (server died mid-run; results saved), 2 bad setup (server unreachable,
+unknown model, bad options), 130 interrupted (results saved).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+_SLO = Path(__file__).resolve().parents[2] / "configs" / "slo" / "agent.toml"
+
+
+def serve_load(
+    conc: Annotated[
+        str, typer.Option(help="Concurrency levels, comma-separated (closed loop, or the open-loop cap).")
+    ] = "2,4,8",
+    workload: Annotated[str, typer.Option(help="fixed | agent | shared-prefix.")] = "agent",
+    url: Annotated[
+        str | None, typer.Option(help="Benchmark this OpenAI-compatible server instead of starting ours.")
+    ] = None,
+    model_name: Annotated[
+        str | None,
+        typer.Option(help="Model id to request (must be in /v1/models; default: the server's first)."),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="Model for the self-started server (default: e2b with an accelerator, else 'small')."
+        ),
+    ] = None,
+    num_requests: Annotated[
+        int | None, typer.Option(help="Per level: requests (fixed) or agent tasks (agent workloads).")
+    ] = None,
+    duration: Annotated[
+        float | None,
+        typer.Option(help="Per level: seconds during which new tasks start (instead of --num-requests)."),
+    ] = None,
+    input_len: Annotated[
+        int | None, typer.Option(help="Prompt tokens (fixed) or first-turn prompt tokens (agent).")
+    ] = None,
+    output_len: Annotated[
+        int | None, typer.Option(help="Generated tokens per request (forced with ignore_eos).")
+    ] = None,
+    turns: Annotated[int | None, typer.Option(help="Turns per agent task.")] = None,
+    tool_result_tokens: Annotated[
+        int | None, typer.Option(help="Synthetic tool-result tokens appended each turn.")
+    ] = None,
+    prefix_len: Annotated[
+        int | None, typer.Option(help="Shared system-prompt tokens (shared-prefix workload).")
+    ] = None,
+    rate: Annotated[
+        float | None, typer.Option(help="Open loop: task arrivals per second (default: closed loop).")
+    ] = None,
+    burstiness: Annotated[
+        float, typer.Option(help="Gamma shape of arrival gaps: 1 Poisson, <1 bursty (as vLLM).")
+    ] = 1.0,
+    api: Annotated[
+        str, typer.Option(help="auto | tokens (token-id prompts, exact prefix check) | chat (any server).")
+    ] = "auto",
+    slo: Annotated[Path, typer.Option(help="Goodput objectives (TOML).")] = _SLO,
+    out: Annotated[Path | None, typer.Option(help="Run folder (default results/<run-id>).")] = None,
+    timeout: Annotated[
+        float, typer.Option(help="Per-request limit in seconds; a timeout is a recorded failure.")
+    ] = 600.0,
+    api_key: Annotated[str | None, typer.Option(help="Bearer token for the server.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for synthetic prompts and arrivals.")] = 0,
+) -> None:
+    """Measure TTFT, TPOT, ITL, E2E, goodput and agent-task latency against an OpenAI-compatible server."""
+    import math
+    import sys
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from harness.env import host_env
+    from harness.load import defaults
+    from harness.load.report import summary_table, write_run
+    from harness.load.runner import LoadConfig, run_load
+    from harness.load.server import (
+        DEFAULT_ACCEL_MODEL,
+        DEFAULT_CPU_MODEL,
+        ManagedServer,
+        ServerError,
+        check_server,
+        free_port,
+        has_accelerator,
+        serve_command,
+    )
+    from harness.load.slo import load_slo
+    from harness.load.workloads import WorkloadConfig
+    from harness.results import create_run_dir
+
+    console = Console(stderr=True)
+    if workload not in ("fixed", "agent", "shared-prefix") or api not in ("auto", "tokens", "chat"):
+        console.print(f"[red]bad --workload {workload!r} or --api {api!r}[/red]")
+        raise typer.Exit(2)
+    try:
+        levels = sorted({int(c) for c in conc.split(",") if c.strip()})
+    except ValueError:
+        console.print(f"[red]--conc must be integers separated by commas, got {conc!r}[/red]")
+        raise typer.Exit(2) from None
+    if not levels or min(levels) < 1 or (num_requests is not None and duration is not None):
+        console.print("[red]need --conc ≥ 1, and at most one of --num-requests / --duration[/red]")
+        raise typer.Exit(2)
+
+    accel = has_accelerator()
+    size = defaults.choose(workload, full_size=url is not None or accel)
+    wl = WorkloadConfig(
+        kind=workload,  # type: ignore[arg-type]
+        api=api,  # type: ignore[arg-type]
+        input_len=input_len if input_len is not None else size.input_len,
+        output_len=output_len if output_len is not None else size.output_len,
+        turns=turns if turns is not None else size.turns,
+        tool_result_tokens=tool_result_tokens if tool_result_tokens is not None else size.tool_result_tokens,
+        prefix_len=prefix_len if prefix_len is not None else size.prefix_len,
+        seed=seed,
+    )
+    console.print(f"[bold]serve-load[/bold] {workload}: {size.reason}")
+    console.print(
+        f"  turns {wl.turns_per_task}, input {wl.input_len}, output {wl.output_len}, tool result "
+        f"{wl.tool_result_tokens}, shared prefix {wl.prefix_len}, max context {wl.max_context}"
+    )
+    try:
+        objectives = load_slo(slo)
+    except (OSError, ValueError) as e:
+        console.print(f"[red]cannot read SLO file: {e}[/red]")
+        raise typer.Exit(2) from None
+    console.print(
+        f"  SLO ({slo}): {objectives.describe()}; attainment target {objectives.attainment_target:g}"
+    )
+
+    run_dir = out if out is not None else create_run_dir(Path("results"), f"serve-load-{workload}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    server = None
+    server_meta: dict = {"self_started": url is None}
+    try:
+        if url is None:
+            name = model or (DEFAULT_ACCEL_MODEL if accel else DEFAULT_CPU_MODEL)
+            port = free_port()
+            cmd = serve_command(name, max(levels), defaults.server_max_len(wl.max_context), port)
+            server_meta |= {"model": name, "command": cmd}
+            console.print(
+                f"  starting server: model {name} ({'accelerator' if accel else 'CPU: small synthetic'}), port {port}"
+            )
+            server = ManagedServer(cmd, port, run_dir / "server.log")
+            server.start()
+            base_url = server.base_url
+        else:
+            base_url = url.rstrip("/")
+        served = check_server(base_url, model_name, api_key)
+        cfg = LoadConfig(
+            base_url=base_url,
+            workload=replace(wl, model=served),
+            concurrencies=levels,
+            num_tasks=num_requests
+            if num_requests is not None
+            else size.num_tasks
+            if duration is None
+            else None,
+            duration_s=duration,
+            tasks_per_conc=size.tasks_per_conc,
+            rate=rate if rate is not None else math.inf,
+            burstiness=burstiness,
+            timeout_s=timeout,
+            slo=objectives,
+            api_key=api_key,
+        )
+        from harness.load.progress import LiveProgress
+
+        with LiveProgress(console) as progress:
+            result = run_load(cfg, server, progress.level_start, progress.record)
+    except ServerError as e:
+        console.print(f"[red]server error:[/red] {e}")
+        raise typer.Exit(2) from None
+    finally:
+        if server is not None:
+            server.stop()
+
+    for note in result.notes:
+        console.print(f"  {note}")
+    meta = {"run_id": run_dir.name, "argv": ["g4bench", *sys.argv[1:]], "model_name": served,
+            "server": server_meta, "env": host_env(cfg.workload.__dict__)}  # fmt: skip
+    summary = write_run(result, run_dir, meta)
+    console.print(summary_table(summary))
+    for lv in summary["levels"]:
+        for w in lv["warnings"]:
+            console.print(f"  [yellow]c={lv['concurrency']}: {w}[/yellow]")
+    cap = summary["capacity"]
+    console.print(
+        f"  capacity: largest concurrency with {cap['basis']} ≥ {cap['attainment_target']:g}: "
+        f"{cap['max_concurrency_at_attainment']}"
+    )
+    console.print(f"  results: {run_dir}")
+    if result.interrupted:
+        raise typer.Exit(130)
+    if result.partial_reason:
+        console.print(f"[red]partial run:[/red] {result.partial_reason}")
+        raise typer.Exit(1)

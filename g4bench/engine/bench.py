@@ -1,0 +1,142 @@
+"""One decode step as a benchmark case: the exact program the engine serves with, at a fixed shape.
+
+    bench = make_decode_bench(DecodeCase(model="e2b", kv_dtype="int8", donate=True, batch=32, ctx=8192))
+    compile_s = bench.compile()
+    inputs = bench.fresh_inputs()      # new cache + tokens, built and blocked on outside the timing
+    bench.step(inputs)                 # one decode step over `batch` slots at context `ctx`, blocked
+
+Every slot is active at position ctx − 1 and attends over the full `ctx` (KV length bucket = ctx).
+Donated inputs are consumed by the step, so each sample needs fresh inputs; the copying variant gets
+them too, for fairness. Weights are synthetic with checkpoint shapes (valid for time and memory, not
+quality). `abstract_args()` and `jitted` expose the same program to ahead-of-time compilation for a
+TPU target (capacity, roofline).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from g4bench.engine.engine import _decode_step, platform_compute_dtype
+from g4bench.engine.sampling import SamplingState
+from g4bench.model.config import ModelConfig, load_config
+from g4bench.model.kv_cache import CacheLayout, cache_bytes, cache_specs, init_cache
+from g4bench.model.params import WeightFormat, init_params, param_bytes, param_specs
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    model: str = "e2b"
+    layers: str = "w4a16"
+    ple: str = "bf16"
+    kv_dtype: str = "bf16"
+    donate: bool = True
+    sliding_kv: str = "full"
+    batch: int = 32
+    ctx: int = 8192
+    embed: str | None = None  # default: f32 with f32 layers, else bf16
+
+    @property
+    def weight_format(self) -> WeightFormat:
+        embed = self.embed or ("f32" if self.layers == "f32" else "bf16")
+        return WeightFormat(layers=self.layers, ple=self.ple, embed=embed)
+
+    @property
+    def layout(self) -> CacheLayout:
+        return CacheLayout(max_len=self.ctx, kv_dtype=self.kv_dtype, ring=self.sliding_kv == "ring")
+
+    @property
+    def name(self) -> str:
+        step = "donated" if self.donate else "copying"
+        return f"layers-{self.layers}/ple-{self.ple}/kv-{self.kv_dtype}/{step}/sliding-{self.sliding_kv}"
+
+
+@dataclass
+class DecodeBench:
+    case: DecodeCase
+    cfg: ModelConfig
+    compute_dtype: Any
+    seed: int = 0
+    params: Any = field(default=None, repr=False)
+    compiled: Any = field(default=None, repr=False)
+
+    @property
+    def weights_bytes(self) -> int:
+        return param_bytes(self.cfg, self.case.weight_format)
+
+    @property
+    def kv_bytes(self) -> int:
+        return cache_bytes(self.cfg, self.case.batch, self.case.layout)
+
+    @property
+    def donate_argnums(self) -> tuple[int, ...]:
+        return (1,) if self.case.donate else ()
+
+    @property
+    def step_fn(self):
+        """The engine's decode program with its static arguments bound: f(params, cache, sampling, tokens, positions, active)."""
+        return partial(
+            _decode_step, cfg=self.cfg, layout=self.case.layout, cdt=self.compute_dtype, kv_len=self.case.ctx
+        )
+
+    @property
+    def jitted(self):
+        return jax.jit(self.step_fn, donate_argnums=self.donate_argnums)
+
+    def abstract_args(self, sharding: Any = None) -> tuple[Any, ...]:
+        """ShapeDtypeStructs of (params, cache, sampling, tokens, positions, active), optionally placed."""
+        B = self.case.batch
+
+        def place(s: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+            return jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) if sharding is not None else s
+
+        sampling = jax.eval_shape(lambda: SamplingState.greedy(B))
+        vec = jax.ShapeDtypeStruct((B,), jnp.int32)
+        tree = (
+            param_specs(self.cfg, self.case.weight_format),
+            cache_specs(self.cfg, B, self.case.layout),
+            sampling,
+            vec,
+            vec,
+            jax.ShapeDtypeStruct((B,), jnp.bool_),
+        )
+        return jax.tree_util.tree_map(place, tree)
+
+    def compile(self) -> float:
+        """Materialize synthetic weights (once) and compile the step; returns compile seconds."""
+        if self.params is None:
+            self.params = init_params(self.cfg, self.case.weight_format, self.seed)
+            jax.block_until_ready(self.params)
+        t0 = time.perf_counter()
+        self.compiled = self.jitted.lower(*self.abstract_args()).compile()
+        return time.perf_counter() - t0
+
+    def fresh_inputs(self) -> tuple[Any, ...]:
+        B, ctx = self.case.batch, self.case.ctx
+        inputs = (
+            init_cache(self.cfg, B, self.case.layout),
+            SamplingState.greedy(B),
+            jnp.ones((B,), jnp.int32),
+            jnp.full((B,), ctx - 1, jnp.int32),
+            jnp.ones((B,), jnp.bool_),
+        )
+        return jax.block_until_ready(inputs)
+
+    def step(self, inputs: tuple[Any, ...]) -> None:
+        if self.compiled is None:
+            self.compile()
+        jax.block_until_ready(self.compiled(self.params, *inputs))
+
+
+def make_decode_bench(case: DecodeCase, seed: int = 0, compute_dtype: Any = None) -> DecodeBench:
+    """A benchmark of `case`; nothing is allocated until `compile()`."""
+    if case.ctx < 1 or case.batch < 1:
+        raise ValueError(f"batch and ctx must be positive, got batch={case.batch} ctx={case.ctx}")
+    return DecodeBench(
+        case=case, cfg=load_config(case.model), compute_dtype=compute_dtype or platform_compute_dtype(), seed=seed
+    )

@@ -1,0 +1,254 @@
+"""The engine: parameters plus one batched KV state, driven by token ids (it knows nothing of HTTP).
+
+    engine = Engine(cfg, params, EngineConfig(max_slots=8, max_len=8192))
+    first = engine.prefill(slot, prompt_chunk, start, sampling)     # chunk by chunk
+    nxt = engine.decode(tokens, positions, active)                   # every slot, one token each
+
+The cache (`max_slots` × `max_len`) is allocated once. Every call runs one of a small fixed set of
+jitted programs (JetStream's prefill / insert / generate split, folded into slot-indexed calls):
+
+- prefill: one slot, a chunk padded to a chunk bucket, attending over a bucketed KV length;
+- decode: all slots, one token each, attending over the KV length bucket that covers the longest
+  active sequence (a ring for sliding layers), sampling on the device so the host reads back one
+  token id per slot;
+- copy_slot: one slot's KV into another (prefix sharing).
+
+Buckets bound the number of compiles (`warmup()` compiles them all and reports the time). The cache
+is donated to each call (`donate=True`), so a step updates it in place; `donate=False` is the
+copying variant, kept for measurement (two caches live, one full copy per step).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from g4bench.engine.sampling import SamplingParams, SamplingState, sample
+from g4bench.model.config import ModelConfig
+from g4bench.model.forward import forward
+from g4bench.model.kv_cache import CacheLayout, cache_bytes, init_cache
+from g4bench.model.params import Params, tree_bytes
+
+
+def platform_compute_dtype() -> Any:
+    """bf16 on accelerators, f32 on the CPU (XLA's CPU bf16 matmuls are ~10× slower)."""
+    return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_slots: int = 8
+    max_len: int = 8192
+    kv_dtype: str = "bf16"
+    sliding_kv: str = "ring"  # "ring": window-sized ring for sliding layers; "full": max_len for every layer
+    chunk_size: int = 256
+    donate: bool = True
+    min_kv_bucket: int = 512
+
+    def __post_init__(self) -> None:
+        if self.sliding_kv not in ("ring", "full"):
+            raise ValueError(f"sliding_kv must be 'ring' or 'full', got {self.sliding_kv!r}")
+        if self.max_slots < 1 or self.max_len < 1 or self.chunk_size < 1:
+            raise ValueError("max_slots, max_len and chunk_size must be positive")
+
+    @property
+    def layout(self) -> CacheLayout:
+        return CacheLayout(max_len=self.max_len, kv_dtype=self.kv_dtype, ring=self.sliding_kv == "ring")
+
+    @property
+    def kv_buckets(self) -> tuple[int, ...]:
+        """KV lengths a step may read: powers of two from `min_kv_bucket`, capped by max_len."""
+        sizes, n = [], min(self.min_kv_bucket, self.max_len)
+        while n < self.max_len:
+            sizes.append(n)
+            n *= 2
+        return (*sizes, self.max_len)
+
+    @property
+    def chunk_buckets(self) -> tuple[int, ...]:
+        """Prefill chunk shapes: a small one for short suffixes (agent turns) and the full chunk."""
+        small = max(1, self.chunk_size // 8)
+        return (small, self.chunk_size) if small < self.chunk_size else (self.chunk_size,)
+
+
+def bucket_for(n: int, buckets: Sequence[int]) -> int:
+    for b in buckets:
+        if n <= b:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+class Engine:
+    """Owns params and the batched KV cache; see the module docstring for the call protocol."""
+
+    def __init__(self, cfg: ModelConfig, params: Params, ecfg: EngineConfig | None = None, compute_dtype: Any = None):
+        self.cfg = cfg
+        self.ecfg = ecfg or EngineConfig()
+        self.layout = self.ecfg.layout
+        self.compute_dtype = compute_dtype or platform_compute_dtype()
+        self.params = params
+        self.cache = init_cache(cfg, self.ecfg.max_slots, self.layout)
+        self.sampling = SamplingState.greedy(self.ecfg.max_slots)
+        self.eos_token_ids = frozenset(cfg.eos_token_ids)
+        self.last_logits: jax.Array | None = None  # logits of the most recent call (tests, verify)
+        donate = (1,) if self.ecfg.donate else ()
+        self._prefill = jax.jit(
+            partial(_prefill_step, cfg=cfg, layout=self.layout, cdt=self.compute_dtype),
+            static_argnames=("kv_len",),
+            donate_argnums=donate,
+        )
+        self._decode = jax.jit(
+            partial(_decode_step, cfg=cfg, layout=self.layout, cdt=self.compute_dtype),
+            static_argnames=("kv_len",),
+            donate_argnums=donate,
+        )
+        self._copy = jax.jit(_copy_row, donate_argnums=(0,) if self.ecfg.donate else ())
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def weights_bytes(self) -> int:
+        return tree_bytes(self.params)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return cache_bytes(self.cfg, self.ecfg.max_slots, self.layout)
+
+    def can_resume(self, cached_len: int, common_prefix: int) -> bool:
+        """Can a slot holding `cached_len` tokens continue a prompt sharing `common_prefix` of them?
+        A ring has overwritten positions older than the window, so it must resume at its end."""
+        if common_prefix <= 0 or common_prefix > cached_len:
+            return False
+        if self.layout.ring and self.cfg.sliding_window < self.ecfg.max_len:
+            return common_prefix == cached_len
+        return True
+
+    # ------------------------------------------------------------------ calls
+    def prefill(
+        self, slot: int, tokens: Sequence[int], start: int, sampling: SamplingParams | None = None
+    ) -> int | None:
+        """Write `tokens` (1..chunk_size) at positions start.. of `slot`. With `sampling`, install it
+        for the slot and return the next token sampled from the last position."""
+        n = len(tokens)
+        if not 0 < n <= self.ecfg.chunk_size:
+            raise ValueError(f"prefill chunk of {n} tokens; must be 1..{self.ecfg.chunk_size}")
+        if not 0 <= slot < self.ecfg.max_slots:
+            raise ValueError(f"slot {slot} out of range 0..{self.ecfg.max_slots - 1}")
+        if start < 0 or start + n > self.ecfg.max_len:
+            raise ValueError(f"positions {start}..{start + n - 1} exceed max_len {self.ecfg.max_len}")
+        if sampling is not None:
+            self.sampling = self.sampling.with_slot(slot, sampling)
+        chunk = bucket_for(n, self.ecfg.chunk_buckets)
+        padded = np.zeros((1, chunk), np.int32)
+        padded[0, :n] = tokens
+        kv_len = bucket_for(start + n, self.ecfg.kv_buckets)
+        self.cache, logits, nxt = self._prefill(
+            self.params,
+            self.cache,
+            self.sampling,
+            jnp.asarray(padded),
+            jnp.asarray([start], jnp.int32),
+            jnp.asarray([n], jnp.int32),
+            jnp.asarray(slot, jnp.int32),
+            kv_len=kv_len,
+        )
+        self.last_logits = logits
+        return int(nxt) if sampling is not None else None
+
+    def decode(self, tokens: np.ndarray, positions: np.ndarray, active: np.ndarray) -> np.ndarray:
+        """One step for every slot: feed tokens[i] at positions[i] where active[i]; returns i32[max_slots]."""
+        active = np.asarray(active, bool)
+        positions = np.asarray(positions, np.int32)
+        top = int(positions[active].max()) + 1 if active.any() else 1
+        if top > self.ecfg.max_len:
+            raise ValueError(f"decode position {top - 1} exceeds max_len {self.ecfg.max_len}")
+        kv_len = bucket_for(top, self.ecfg.kv_buckets)
+        self.cache, logits, nxt = self._decode(
+            self.params,
+            self.cache,
+            self.sampling,
+            jnp.asarray(tokens, jnp.int32),
+            jnp.asarray(positions),
+            jnp.asarray(active),
+            kv_len=kv_len,
+        )
+        self.last_logits = logits
+        return np.asarray(nxt)
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        self.cache = self._copy(self.cache, jnp.asarray(src, jnp.int32), jnp.asarray(dst, jnp.int32))
+
+    def warmup(self) -> float:
+        """Compile every bucket program (prefill × chunk × KV buckets, decode × KV buckets, copy);
+        the cache contents are left as garbage, which is fine: slots are written before being read."""
+        t0 = time.perf_counter()
+        for kv_len in self.ecfg.kv_buckets:
+            for chunk in self.ecfg.chunk_buckets:
+                start = max(0, min(kv_len, self.ecfg.max_len) - chunk)
+                self.prefill(0, [self.cfg.pad_token_id] * min(chunk, self.ecfg.max_len - start), start)
+            positions = np.full((self.ecfg.max_slots,), kv_len - 1, np.int32)
+            self.decode(np.zeros_like(positions), positions, np.ones_like(positions, bool))
+        self.copy_slot(0, 0)
+        jax.block_until_ready(self.cache)
+        return time.perf_counter() - t0
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], max_tokens: int, sampling: SamplingParams | None = None
+    ) -> list[list[int]]:
+        """Batch helper (CLI `generate`, tests): prompts into slots 0.., then decode together until
+        each has `max_tokens` tokens or emits EOS. Prompts must fit `max_slots`."""
+        if len(prompts) > self.ecfg.max_slots:
+            raise ValueError(f"{len(prompts)} prompts but only {self.ecfg.max_slots} slots")
+        sampling = sampling or SamplingParams()
+        S = self.ecfg.max_slots
+        out: list[list[int]] = [[] for _ in prompts]
+        tokens, positions, active = np.zeros(S, np.int32), np.zeros(S, np.int32), np.zeros(S, bool)
+        for slot, prompt in enumerate(prompts):
+            if len(prompt) + max_tokens > self.ecfg.max_len:
+                raise ValueError(f"prompt {slot}: {len(prompt)} + {max_tokens} tokens exceed max_len {self.ecfg.max_len}")
+            step = self.ecfg.chunk_size
+            for s in range(0, len(prompt), step):
+                last = s + step >= len(prompt)
+                nxt = self.prefill(slot, prompt[s : s + step], s, sampling if last else None)
+            out[slot].append(nxt)
+            tokens[slot], positions[slot], active[slot] = nxt, len(prompt), nxt not in self.eos_token_ids
+        while active.any() and any(len(o) < max_tokens for o, a in zip(out, active, strict=False) if a):
+            nxt = self.decode(tokens, positions, active)
+            for slot in range(len(prompts)):
+                if active[slot]:
+                    out[slot].append(int(nxt[slot]))
+                    tokens[slot], positions[slot] = nxt[slot], positions[slot] + 1
+                    if nxt[slot] in self.eos_token_ids or len(out[slot]) >= max_tokens:
+                        active[slot] = False
+        return out
+
+
+# ---------------------------------------------------------------------------- jitted programs
+def _prefill_step(params, cache, sampling, tokens, start, n_valid, slot, *, cfg, layout, cdt, kv_len):
+    """One slot's chunk: slice the slot's cache rows, run the model, write the rows back."""
+    rows = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, axis=0), cache)
+    logits, rows = forward(params, tokens, start, n_valid, rows, cfg, layout, kv_len=kv_len, compute_dtype=cdt)
+    cache = jax.tree_util.tree_map(lambda x, r: jax.lax.dynamic_update_slice_in_dim(x, r, slot, axis=0), cache, rows)
+    row_state = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1), sampling)
+    nxt = sample(logits, start + n_valid - 1, row_state)
+    return cache, logits[0], nxt[0]
+
+
+def _decode_step(params, cache, sampling, tokens, positions, active, *, cfg, layout, cdt, kv_len):
+    logits, cache = forward(
+        params, tokens[:, None], positions, active.astype(jnp.int32), cache, cfg, layout, kv_len=kv_len, compute_dtype=cdt
+    )
+    return cache, logits, sample(logits, positions, sampling)
+
+
+def _copy_row(cache, src, dst):
+    return jax.tree_util.tree_map(
+        lambda x: jax.lax.dynamic_update_slice_in_dim(x, jax.lax.dynamic_slice_in_dim(x, src, 1, axis=0), dst, axis=0),
+        cache,
+    )

@@ -1,0 +1,383 @@
+"""Continuous batching over one `Engine`: one background thread owns the device.
+
+Data flow. `submit()` (any thread) validates a tokenized prompt, appends it to a bounded waiting
+queue and wakes the engine thread. The engine thread repeats:
+
+1. apply cancellations (a cancelled request frees its slot at once);
+2. admit waiting requests into idle slots (FIFO), choosing each slot with `SlotTable.plan`:
+   continue a resident conversation, copy a shared prefix from another slot (`engine.copy_slot`),
+   or start cold in an empty / least recently used slot;
+3. one `engine.decode` over every decoding slot (one token each);
+4. at most one prefill chunk (`engine.ecfg.chunk_size` tokens) for the oldest admitted prompt, so an
+   arrival stalls the running streams by one chunk at most. The last chunk samples the request's
+   first token.
+
+With nothing to do it sleeps on a condition variable. Every sampled token goes to the request's
+`RequestSink.on_token` (in the engine thread; the server turns it into text and hands it to
+asyncio). A request stops on an EOS / stop id (unless `ignore_eos`), when its sink reports a
+completed stop string, or at `max_tokens`; EOS and stop strings count only once more than
+`min_tokens` tokens exist (the engine cannot mask logits, so an early EOS is generated and kept).
+The token that ends a request is never fed back, so a slot's recorded tokens are exactly those
+whose K/V the engine wrote, and a finished conversation stays resident for the next turn.
+
+Failures: an exception from `prefill`/`copy_slot` or a sink fails that request; one from `decode`
+fails the requests in that step (their slots are wiped); the loop keeps running. Anything else is a
+scheduler bug: the loop dies, logs it loudly, fails every request, and `alive` turns False (the
+server's /health then answers 503).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from g4bench.engine.prefix_cache import SlotTable
+from g4bench.engine.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Everything about one request besides its prompt."""
+
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: frozenset[int] | None = None  # None: the engine's eos_token_ids
+
+
+@dataclass
+class RequestResult:
+    """What happened to one request; times in seconds from submission (perf_counter)."""
+
+    request_id: int
+    finish_reason: str  # "stop" | "length" | "cancelled" | "error"
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens reused from a slot (not computed)
+    computed_tokens: int  # prompt tokens prefilled (fewer than prompt - cached if cancelled early)
+    output_ids: list[int]
+    queue_s: float | None  # submission -> admission to a slot
+    ttft_s: float | None  # submission -> first token sampled
+    token_times_s: list[float]  # one per output token
+    error: str | None = None
+
+
+class RequestSink(Protocol):
+    """Receives one request's tokens; called in the engine thread, so it must be quick."""
+
+    def on_token(self, token: int) -> bool:
+        """Take one sampled token; return True when a stop string has just been completed."""
+        ...
+
+    def on_finish(self, result: RequestResult) -> None: ...
+
+
+class SchedulerObserver(Protocol):
+    def on_step(self, active: int, slots: int) -> None: ...
+
+    def on_finish(self, result: RequestResult) -> None: ...
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is at its bound; the client should retry later."""
+
+
+class SchedulerDead(RuntimeError):
+    """The engine loop has stopped (a bug or shutdown); no request can run."""
+
+
+@dataclass(eq=False)
+class _Request:
+    id: int
+    prompt: list[int]
+    params: GenerationParams
+    sink: RequestSink
+    submitted: float
+    stop_ids: frozenset[int]
+    slot: int | None = None
+    prefilled: int = 0  # prompt tokens whose K/V are in the slot
+    reused: int = 0
+    admitted: float | None = None
+    next_token: int | None = None  # sampled, to be fed by the next decode step
+    output: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+
+
+class Scheduler:
+    """Owns an engine and its slots; see the module docstring for the loop."""
+
+    def __init__(self, engine, *, max_waiting: int = 64, copy_min: int = 16, warmup: bool = True) -> None:
+        self.engine = engine
+        self.max_slots: int = engine.ecfg.max_slots
+        self.max_len: int = engine.ecfg.max_len
+        self.chunk_size: int = engine.ecfg.chunk_size
+        self.vocab_size: int = engine.cfg.vocab_size
+        self.max_waiting = max_waiting
+        self.table = SlotTable(self.max_slots, copy_min=copy_min)
+        self.observers: list[SchedulerObserver] = []
+        self.warmup_s: float | None = None
+        self.steps = 0
+        self._do_warmup = warmup
+        self._cv = threading.Condition()
+        self._waiting: deque[_Request] = deque()
+        self._cancels: set[int] = set()
+        self._stopping = False
+        self._next_id = 0
+        self._running: dict[int, _Request] = {}  # engine thread only
+        self._prefilling: deque[_Request] = deque()  # engine thread only, admission order
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="g4bench-engine", daemon=True)
+
+    # ---- any thread -------------------------------------------------------------------------
+    def start(self) -> Scheduler:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def ready(self) -> bool:
+        """Warm-up done and the loop running."""
+        return self._ready.is_set() and self.alive
+
+    @property
+    def alive(self) -> bool:
+        return self._error is None and self._thread.is_alive()
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    @property
+    def num_active(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block until warm-up is done (True) or the loop died / the timeout passed (False)."""
+        return self._ready.wait(timeout) and self.alive
+
+    def submit(self, prompt: list[int], params: GenerationParams, sink: RequestSink) -> int:
+        """Queue a request; returns its id. Raises ValueError, QueueFull or SchedulerDead."""
+        self._validate(prompt, params)
+        stop_ids = params.stop_token_ids if params.stop_token_ids is not None else self.engine.eos_token_ids
+        with self._cv:
+            if self._error is not None or self._stopping:
+                raise SchedulerDead(f"engine loop is not running: {self._error!r}")
+            if len(self._waiting) >= self.max_waiting:
+                raise QueueFull(f"{len(self._waiting)} requests already waiting (limit {self.max_waiting})")
+            rid = self._next_id
+            self._next_id += 1
+            req = _Request(rid, list(prompt), params, sink, time.perf_counter(), frozenset(stop_ids))
+            self._waiting.append(req)
+            self._cv.notify_all()
+        return rid
+
+    def cancel(self, request_id: int) -> None:
+        """Stop a request (waiting or running) and free its slot; unknown or finished ids are ignored."""
+        with self._cv:
+            self._cancels.add(request_id)
+            self._cv.notify_all()
+
+    def _validate(self, prompt: list[int], params: GenerationParams) -> None:
+        if not prompt:
+            raise ValueError("the prompt has no tokens")
+        if params.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
+        if not 0 <= params.min_tokens <= params.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens], got {params.min_tokens}")
+        if len(prompt) + params.max_tokens > self.max_len:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                f"the context length {self.max_len}"
+            )
+        ids = np.asarray(prompt)
+        if ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= self.vocab_size:
+            raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
+
+    # ---- engine thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            if self._do_warmup:
+                self.warmup_s = self.engine.warmup()
+                log.info("engine warm-up done in %.1f s", self.warmup_s)
+            self._ready.set()
+            while self._wait_for_work():
+                self._apply_cancels()
+                self._admit()
+                self._decode_step()
+                self._prefill_step()
+        except Exception as exc:  # a scheduler bug: fail loudly, never silently
+            log.exception("g4bench engine loop died; every request fails until restart")
+            self._error = exc
+            self._ready.set()  # wake wait_ready(); `ready` stays False because the loop is dead
+        try:
+            self._fail_everything("engine loop died" if self._error else "server shutting down")
+        except Exception:
+            log.exception("failing the remaining requests failed")
+
+    def _wait_for_work(self) -> bool:
+        with self._cv:
+            while not (self._stopping or self._waiting or self._running or self._cancels):
+                self._cv.wait()
+            return not self._stopping
+
+    def _apply_cancels(self) -> None:
+        with self._cv:
+            cancels, self._cancels = self._cancels, set()
+            dropped = [r for r in self._waiting if r.id in cancels]
+            for r in dropped:
+                self._waiting.remove(r)
+        for r in dropped:
+            self._finish(r, "cancelled")
+        for rid in cancels:
+            if rid in self._running:
+                self._finish(self._running[rid], "cancelled")
+
+    def _admit(self) -> None:
+        while self.table.idle():
+            with self._cv:  # only this thread removes from the queue: peek, place, then pop
+                if not self._waiting:
+                    return
+                req = self._waiting[0]
+            plan = self.table.plan(req.prompt, self.engine.can_resume)
+            assert plan is not None  # an idle slot exists
+            with self._cv:
+                self._waiting.popleft()
+            self.table.acquire(plan, req.id)
+            req.slot, req.prefilled, req.reused = plan.slot, plan.reuse, plan.reuse
+            req.admitted = time.perf_counter()
+            self._running[req.id] = req
+            if plan.copy_from is not None:
+                try:
+                    self.engine.copy_slot(plan.copy_from, plan.slot)
+                except Exception as exc:
+                    log.exception(
+                        "copy_slot(%d, %d) failed for request %d", plan.copy_from, plan.slot, req.id
+                    )
+                    self._finish(req, "error", error=f"copy_slot failed: {exc}", keep=False)
+                    continue
+            self._prefilling.append(req)
+
+    def _decode_step(self) -> None:
+        batch = [r for r in self._running.values() if r.next_token is not None]
+        if not batch:
+            return
+        tokens = np.zeros(self.max_slots, np.int32)
+        positions = np.zeros(self.max_slots, np.int32)
+        active = np.zeros(self.max_slots, bool)
+        for r in batch:
+            tokens[r.slot] = r.next_token
+            positions[r.slot] = len(self.table.slots[r.slot].tokens)
+            active[r.slot] = True
+        try:
+            out = np.asarray(self.engine.decode(tokens, positions, active))
+        except Exception as exc:
+            log.exception("decode step failed; failing its %d requests", len(batch))
+            for r in batch:
+                self._finish(r, "error", error=f"decode failed: {exc}", keep=False)
+            return
+        self.steps += 1
+        self._notify("on_step", len(batch), self.max_slots)
+        now = time.perf_counter()
+        for r in batch:
+            self.table.slots[r.slot].tokens.append(r.next_token)
+            r.next_token = None
+            self._deliver(r, int(out[r.slot]), now)
+
+    def _prefill_step(self) -> None:
+        if not self._prefilling:
+            return
+        req = self._prefilling[0]
+        slot = self.table.slots[req.slot]
+        assert len(slot.tokens) == req.prefilled, "slot tokens out of step with the prefill cursor"
+        chunk = req.prompt[req.prefilled : req.prefilled + self.chunk_size]
+        last = req.prefilled + len(chunk) == len(req.prompt)
+        try:
+            tok = self.engine.prefill(req.slot, chunk, req.prefilled, req.params.sampling if last else None)
+        except Exception as exc:
+            log.exception("prefill failed for request %d", req.id)
+            self._finish(req, "error", error=f"prefill failed: {exc}", keep=False)
+            return
+        slot.tokens.extend(chunk)
+        req.prefilled += len(chunk)
+        if last:
+            self._prefilling.popleft()
+            self._deliver(req, int(tok), time.perf_counter())
+
+    def _deliver(self, req: _Request, token: int, now: float) -> None:
+        """Hand one sampled token to the request and decide whether it ends there."""
+        req.output.append(token)
+        req.times.append(now - req.submitted)
+        try:
+            stop_string = req.sink.on_token(token)
+        except Exception as exc:
+            log.exception("sink of request %d failed", req.id)
+            self._finish(req, "error", error=f"output handling failed: {exc}")
+            return
+        p = req.params
+        past_min = len(req.output) > p.min_tokens
+        if past_min and ((token in req.stop_ids and not p.ignore_eos) or stop_string):
+            self._finish(req, "stop")
+        elif len(req.output) >= p.max_tokens:
+            self._finish(req, "length")
+        else:
+            req.next_token = token
+
+    def _finish(self, req: _Request, reason: str, error: str | None = None, keep: bool = True) -> None:
+        """Free the request's slot at once (its tokens stay resident if `keep`) and report."""
+        if req.slot is not None:
+            self._running.pop(req.id, None)
+            if req in self._prefilling:
+                self._prefilling.remove(req)
+            self.table.release(req.slot, keep=keep)
+        result = RequestResult(
+            request_id=req.id,
+            finish_reason=reason,
+            prompt_tokens=len(req.prompt),
+            cached_tokens=req.reused,
+            computed_tokens=req.prefilled - req.reused,
+            output_ids=list(req.output),
+            queue_s=None if req.admitted is None else req.admitted - req.submitted,
+            ttft_s=req.times[0] if req.times else None,
+            token_times_s=list(req.times),
+            error=error,
+        )
+        try:
+            req.sink.on_finish(result)
+        except Exception:
+            log.exception("sink of request %d failed in on_finish", req.id)
+        self._notify("on_finish", result)
+
+    def _notify(self, hook: str, *args) -> None:
+        for obs in self.observers:
+            fn = getattr(obs, hook, None)  # observers may implement only some hooks
+            if fn is None:
+                continue
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("scheduler observer %r failed in %s", obs, hook)
+
+    def _fail_everything(self, why: str) -> None:
+        with self._cv:
+            waiting, self._waiting = list(self._waiting), deque()
+        for r in waiting + list(self._running.values()):
+            self._finish(r, "error", error=why, keep=False)

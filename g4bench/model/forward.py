@@ -1,0 +1,264 @@
+"""The Gemma 4 E-series forward pass as one pure function.
+
+    forward(params, tokens, start, n_valid, cache, cfg, layout, kv_len=..., all_logits=...) -> (logits, cache)
+
+One code path serves prefill, chunked prefill and decode. Every row b of the batch carries a run of
+T token slots starting at logical position `start[b]`, of which the first `n_valid[b]` are real (the
+rest is padding, and a row with `n_valid == 0` is an idle decode slot). Real tokens' K/V are written
+into that row's cache; padding is never written and never attended, so padding is invisible to the
+output. A prefill of one prompt is B=1, T=bucket; a decode step is B=slots, T=1.
+
+Per layer (HF `Gemma4TextDecoderLayer`; seed-engine-notes §1.3):
+
+    x = rms(h)·w_in;  q = rope(rms(x Wq)·w_q);  k = rope(rms(x Wk)·w_k);  v = rms(x Wv)   (no v weight)
+    a = softmax(q kᵀ · 1.0 + mask) v                         (scaling 1.0, no score softcap)
+    h += rms(a Wo)·w_post_attn;  h += rms(down(gelu_tanh(gate x') · up x'))·w_post_ffw
+    h += rms(ple_up(gelu_tanh(ple_gate h) · ple_i))·w_post_ple;  h *= layer_scalar
+
+KV-shared layers (≥ first_kv_shared_layer) compute no K/V: they attend with the keys, values and
+mask of the last KV-owning layer of their type in this same pass. Because they write nothing, a
+prefill that only needs the next token runs them on the last real position alone (`all_logits=False`).
+
+Key positions are logical: full-length caches index by position; a sliding ring holds position p in
+entry p mod W, and each entry's position is recomputed from the row's start, so masks are exact
+whatever the padding or bucket size (the reference engine's window-vs-padding bug cannot occur).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from g4bench.model.config import FULL, SLIDING, ModelConfig
+from g4bench.model.kv_cache import Cache, CacheLayout, quantize_kv
+from g4bench.model.quant import dequantize_ple_rows, unpack_w4a16
+
+NEG_INF = -1e30
+
+
+# ---------------------------------------------------------------------------- building blocks
+def rms_norm(x: jax.Array, weight: jax.Array | None, eps: float) -> jax.Array:
+    """x · (mean(x²) + eps)^-½ · w in f32, cast back (Gemma 4: x·w, not x·(1+w))."""
+    xf = x.astype(jnp.float32)
+    out = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    if weight is not None:
+        out = out * weight.astype(jnp.float32)
+    return out.astype(x.dtype)
+
+
+def linear(x: jax.Array, lin: dict[str, jax.Array]) -> jax.Array:
+    """x [..., in] → [..., out]; dense `w` [in, out] or W4A16 unpacked inside the step."""
+    if "w" in lin:
+        return jnp.einsum("...i,io->...o", x, lin["w"].astype(x.dtype))
+    w = unpack_w4a16(lin["packed"], lin["scale"], x.dtype)  # [out, in]
+    return jnp.einsum("...i,oi->...o", x, w)
+
+
+def rope_tables(positions: jax.Array, head_dim: int, theta: float, rotary_pairs: int) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [B, T, head_dim] for `cat(freqs, freqs)` pairing (i, i + d/2); pairs ≥ rotary_pairs
+    get frequency 0 (identity) — HF's "proportional" partial RoPE."""
+    i = jnp.arange(head_dim // 2, dtype=jnp.float32)
+    inv_freq = jnp.where(i < rotary_pairs, 1.0 / (theta ** (2.0 * i / head_dim)), 0.0)
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x [B, T, heads, d]; cos/sin [B, T, d]."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:, :, None, :].astype(x.dtype) + rotated * sin[:, :, None, :].astype(x.dtype)
+
+
+def attend(
+    q: jax.Array, keys: jax.Array, vals: jax.Array, kscale: jax.Array | None, vscale: jax.Array | None, mask: jax.Array
+) -> jax.Array:
+    """Grouped-query attention without repeating K/V.
+
+    q [B, T, nh, d]; keys/vals [B, kvh, K, d] (any storage dtype); scales [B, kvh, K] or None;
+    mask bool [B, T, K]. Returns [B, T, nh·d]. Scores use scaling 1.0; int8 scales are folded in."""
+    B, T, nh, d = q.shape
+    kvh = keys.shape[1]
+    qg = q.reshape(B, T, kvh, nh // kvh, d)
+    scores = jnp.einsum("btgnd,bgkd->bgntk", qg, keys.astype(q.dtype), preferred_element_type=jnp.float32)
+    if kscale is not None:
+        scores = scores * kscale.astype(jnp.float32)[:, :, None, None, :]
+    scores = jnp.where(mask[:, None, None, :, :], scores, NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1)
+    if vscale is not None:
+        probs = probs * vscale.astype(jnp.float32)[:, :, None, None, :]
+    out = jnp.einsum("bgntk,bgkd->btgnd", probs.astype(q.dtype), vals.astype(q.dtype))
+    return out.reshape(B, T, nh * d)
+
+
+# ---------------------------------------------------------------------------- KV write + gather
+def _store(k: jax.Array, v: jax.Array, quantized: bool) -> dict[str, jax.Array]:
+    if not quantized:
+        return {"k": k, "v": v}
+    kq, ks = quantize_kv(k)
+    vq, vs = quantize_kv(v)
+    return {"k": kq, "v": vq, "ks": ks, "vs": vs}
+
+
+def _write_full(entry: dict[str, jax.Array], new: dict[str, jax.Array], write_pos: jax.Array) -> dict[str, jax.Array]:
+    """Scatter new [B, kvh, T(, d)] at positions write_pos [B, T]; out-of-range positions are dropped."""
+
+    def put(cache_row: jax.Array, new_row: jax.Array, idx: jax.Array) -> jax.Array:
+        return cache_row.at[:, idx].set(new_row.astype(cache_row.dtype), mode="drop")
+
+    return {name: jax.vmap(put)(entry[name], new[name], write_pos) for name in entry}
+
+
+def _write_ring(
+    entry: dict[str, jax.Array], new: dict[str, jax.Array], start: jax.Array, n_valid: jax.Array
+) -> dict[str, jax.Array]:
+    """Ring entry r takes the newest real chunk token whose position ≡ r (mod W), else keeps its value."""
+    W = entry["k"].shape[2]
+    T = new["k"].shape[2]
+    r = jnp.arange(W)[None, :]
+    last = (start + n_valid - 1)[:, None]
+    newest = last - jnp.mod(last - r, W)  # [B, W]
+    take = newest >= start[:, None]
+    j = jnp.clip(newest - start[:, None], 0, T - 1)
+
+    def pick(old: jax.Array, chunk: jax.Array) -> jax.Array:
+        idx = j.reshape(j.shape[0], 1, W, *([1] * (old.ndim - 3)))
+        gathered = jnp.take_along_axis(chunk.astype(old.dtype), idx, axis=2)
+        keep = take.reshape(take.shape[0], 1, W, *([1] * (old.ndim - 3)))
+        return jnp.where(keep, gathered, old)
+
+    return {name: pick(entry[name], new[name]) for name in entry}
+
+
+def _ring_positions(start: jax.Array, W: int) -> jax.Array:
+    """Logical position held by each ring entry before this chunk is written: [B, W] (< 0 = empty)."""
+    last = (start - 1)[:, None]
+    return last - jnp.mod(last - jnp.arange(W)[None, :], W)
+
+
+# ---------------------------------------------------------------------------- the pass
+def forward(
+    params: dict[str, Any],
+    tokens: jax.Array,
+    start: jax.Array,
+    n_valid: jax.Array,
+    cache: Cache,
+    cfg: ModelConfig,
+    layout: CacheLayout,
+    *,
+    kv_len: int | None = None,
+    all_logits: bool = False,
+    compute_dtype: Any = jnp.float32,
+) -> tuple[jax.Array, Cache]:
+    """Run the model over tokens i32[B, T] written at positions start[b] + t for t < n_valid[b].
+
+    `kv_len` (static) bounds how much of each full-length cache is read: it must exceed every real
+    position in this call; None reads the whole buffer. Returns logits f32 [B, T, V] if `all_logits`
+    else [B, V] at each row's last real token, and the updated cache (rows with n_valid 0 unchanged)."""
+    B, T = tokens.shape
+    cdt = compute_dtype
+    eps = cfg.rms_norm_eps
+    kv_len = layout.max_len if kv_len is None else min(kv_len, layout.max_len)
+    positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+    valid_q = jnp.arange(T)[None, :] < n_valid[:, None]
+    write_pos = jnp.where(valid_q, positions, layout.max_len)  # padding goes out of range → dropped
+
+    embed = params["embed"]
+    h = embed[tokens].astype(cdt) * jnp.asarray(math.sqrt(cfg.hidden_size), embed.dtype).astype(cdt)
+    ple = _per_layer_inputs(params, tokens, h, cfg, cdt) if cfg.has_ple else None
+
+    def tables(pos: jax.Array) -> dict[str, tuple[jax.Array, jax.Array]]:
+        out = {}
+        for ltype, theta in ((SLIDING, cfg.rope_theta_sliding), (FULL, cfg.rope_theta_full)):
+            if ltype in cfg.layer_types:
+                i = cfg.layer_types.index(ltype)
+                out[ltype] = rope_tables(pos, cfg.head_dim_of(i), theta, cfg.rotary_pairs(i))
+        return out
+
+    rope = tables(positions)
+    q_pos = positions
+    new_cache = list(cache)
+    shared: dict[str, tuple] = {}
+    last_idx = jnp.maximum(n_valid - 1, 0)
+
+    for i, lp in enumerate(params["layers"]):
+        if i == cfg.first_kv_shared_layer and cfg.num_kv_shared_layers and not all_logits:
+            # Shared layers write no K/V: only the last real token's query matters from here on.
+            rows = jnp.arange(B)
+            h, q_pos = h[rows, last_idx][:, None], q_pos[rows, last_idx][:, None]
+            ple = ple[rows, last_idx][:, None] if ple is not None else None
+            rope = {t: (c[rows, last_idx][:, None], s[rows, last_idx][:, None]) for t, (c, s) in rope.items()}
+        ltype = cfg.layer_types[i]
+        hd, nh = cfg.head_dim_of(i), cfg.num_attention_heads
+        cos, sin = rope[ltype]
+        Tq = h.shape[1]
+
+        x = rms_norm(h, lp["input_norm"], eps)
+        q = apply_rope(rms_norm(linear(x, lp["q"]).reshape(B, Tq, nh, hd), lp["q_norm"], eps), cos, sin)
+        if cfg.owns_kv(i):
+            kvh = cfg.kv_heads_of(i)
+            k = apply_rope(rms_norm(linear(x, lp["k"]).reshape(B, T, kvh, hd), lp["k_norm"], eps), cos, sin)
+            v = rms_norm(linear(x, lp["v"]).reshape(B, T, kvh, hd), None, eps)
+            new = _store(k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), layout.quantized)
+            slot = cfg.kv_layers.index(i)
+            entry = cache[slot]
+            if layout.is_ring(cfg, i):
+                W = entry["k"].shape[2]
+                kv = {name: jnp.concatenate([entry[name], new[name].astype(entry[name].dtype)], axis=2) for name in entry}
+                key_pos = jnp.concatenate([_ring_positions(start, W), positions], axis=1)
+                key_ok = jnp.concatenate([_ring_positions(start, W) >= 0, valid_q], axis=1)
+                new_cache[slot] = _write_ring(entry, new, start, n_valid)
+            else:
+                written = _write_full(entry, new, write_pos)
+                new_cache[slot] = written
+                kv = {name: arr[:, :, :kv_len] for name, arr in written.items()}
+                key_pos = jnp.broadcast_to(jnp.arange(kv_len, dtype=jnp.int32)[None, :], (B, kv_len))
+                key_ok = jnp.ones((B, kv_len), bool)
+            if i == max(j for j in cfg.kv_layers if cfg.layer_types[j] == ltype):
+                shared[ltype] = (kv, key_pos, key_ok)
+        else:
+            kv, key_pos, key_ok = shared[ltype]
+
+        mask = key_ok[:, None, :] & (key_pos[:, None, :] <= q_pos[:, :, None])
+        if ltype != FULL:
+            mask = mask & (key_pos[:, None, :] > q_pos[:, :, None] - cfg.sliding_window)
+        a = attend(q, kv["k"], kv["v"], kv.get("ks"), kv.get("vs"), mask)
+        h = h + rms_norm(linear(a, lp["o"]), lp["post_attn_norm"], eps)
+
+        x = rms_norm(h, lp["pre_ffw_norm"], eps)
+        m = linear(jax.nn.gelu(linear(x, lp["gate"]), approximate=True) * linear(x, lp["up"]), lp["down"])
+        h = h + rms_norm(m, lp["post_ffw_norm"], eps)
+
+        if ple is not None:
+            g = jax.nn.gelu(linear(h, lp["ple_gate"]), approximate=True) * ple[:, :, i, :]
+            h = h + rms_norm(linear(g, lp["ple_up"]), lp["post_ple_norm"], eps)
+        h = h * lp["layer_scalar"].astype(cdt)
+
+    if not all_logits and h.shape[1] != 1:
+        h = h[jnp.arange(B), last_idx][:, None]
+    h = rms_norm(h, params["final_norm"], eps)
+    logits = jnp.einsum("bth,vh->btv", h, embed.astype(cdt), preferred_element_type=jnp.float32)
+    if cfg.final_logit_softcapping:
+        cap = cfg.final_logit_softcapping
+        logits = jnp.tanh(logits / cap) * cap
+    return (logits if all_logits else logits[:, 0]), new_cache
+
+
+def _per_layer_inputs(params: dict[str, Any], tokens: jax.Array, h: jax.Array, cfg: ModelConfig, cdt: Any) -> jax.Array:
+    """PLE: (rms(h Wple · H^-½)·w + table[token] · √P) · 2^-½ → [B, T, L, P]. The table is gathered."""
+    B, T = tokens.shape
+    L, P = cfg.num_hidden_layers, cfg.hidden_size_per_layer_input
+    table = params["ple_table"]
+    if "w" in table:
+        rows = table["w"][tokens]
+        tok = rows.astype(cdt) * jnp.asarray(math.sqrt(P), rows.dtype).astype(cdt)
+    else:
+        tok = dequantize_ple_rows(table["q"][tokens], table["scale"][tokens], cdt) * math.sqrt(P)
+    tok = tok.reshape(B, T, L, P)
+    proj = (linear(h, params["ple_proj"]) * (cfg.hidden_size**-0.5)).reshape(B, T, L, P)
+    proj = rms_norm(proj, params["ple_norm"], cfg.rms_norm_eps)
+    return (proj + tok) * (2.0**-0.5)

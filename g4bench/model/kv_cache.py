@@ -1,0 +1,88 @@
+"""The batched static KV cache: `slots × length` per KV-owning layer, allocated once.
+
+Only layers below the first KV-shared layer own K/V (E2B: 15 of 35); shared layers attend with their
+source layer's keys. Per owning layer:
+
+    k, v     [S, kvh, Li, hd]   bf16, or int8 with
+    ks, vs   [S, kvh, Li]       bf16 scales (symmetric, one per token and head: amax / 127)
+
+`Li` is `max_len` for full-attention layers. Sliding layers hold either the full length too
+(`ring=False`) or a ring of exactly `sliding_window` entries (`ring=True`): position p lives in
+entry p mod W, so memory per stream is bounded and a decode step reads at most W sliding keys.
+
+The int8 scales are folded into attention (scores × k-scale, probabilities × v-scale); no
+dequantized copy of the cache is ever materialized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from g4bench.model.config import ModelConfig
+
+KV_DTYPES = {"bf16": jnp.bfloat16, "int8": jnp.int8, "f32": jnp.float32}
+SCALE_DTYPE = jnp.bfloat16
+
+Cache = list[dict[str, jax.Array]]
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """Static shape facts of a cache (hashable: a jit static argument)."""
+
+    max_len: int
+    kv_dtype: str = "bf16"
+    ring: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {sorted(KV_DTYPES)}, got {self.kv_dtype!r}")
+
+    @property
+    def quantized(self) -> bool:
+        return self.kv_dtype == "int8"
+
+    def length_of(self, cfg: ModelConfig, layer: int) -> int:
+        if self.ring and not cfg.is_full(layer):
+            return min(cfg.sliding_window, self.max_len)
+        return self.max_len
+
+    def is_ring(self, cfg: ModelConfig, layer: int) -> bool:
+        return self.ring and not cfg.is_full(layer) and cfg.sliding_window < self.max_len
+
+
+def cache_specs(cfg: ModelConfig, slots: int, layout: CacheLayout) -> Cache:
+    """Abstract cache (ShapeDtypeStruct leaves), one dict per KV-owning layer."""
+    specs = []
+    for layer in cfg.kv_layers:
+        shape = (slots, cfg.kv_heads_of(layer), layout.length_of(cfg, layer), cfg.head_dim_of(layer))
+        entry = {
+            "k": jax.ShapeDtypeStruct(shape, KV_DTYPES[layout.kv_dtype]),
+            "v": jax.ShapeDtypeStruct(shape, KV_DTYPES[layout.kv_dtype]),
+        }
+        if layout.quantized:
+            entry["ks"] = jax.ShapeDtypeStruct(shape[:3], SCALE_DTYPE)
+            entry["vs"] = jax.ShapeDtypeStruct(shape[:3], SCALE_DTYPE)
+        specs.append(entry)
+    return specs
+
+
+def init_cache(cfg: ModelConfig, slots: int, layout: CacheLayout) -> Cache:
+    return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), cache_specs(cfg, slots, layout))
+
+
+def cache_bytes(cfg: ModelConfig, slots: int, layout: CacheLayout) -> int:
+    return int(
+        sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(cache_specs(cfg, slots, layout)))
+    )
+
+
+def quantize_kv(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """x [..., hd] → (int8 [..., hd], bf16 scale [...]); scale = amax/127, all-zero rows get 1."""
+    amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1)
+    scale = jnp.where(amax > 0, amax / 127.0, 1.0).astype(SCALE_DTYPE)
+    q = jnp.clip(jnp.round(x.astype(jnp.float32) / scale.astype(jnp.float32)[..., None]), -127, 127)
+    return q.astype(jnp.int8), scale

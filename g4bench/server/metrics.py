@@ -1,0 +1,101 @@
+"""Prometheus metrics for one app, in the app's own `CollectorRegistry` (two apps in one process,
+as in tests, never collide).
+
+Data flow: the scheduler calls `on_step` after every decode step and `on_finish` for every request
+(both in the engine thread; prometheus-client is thread-safe); the app calls `count_request` once per
+HTTP request with its outcome; gauges for active slots, waiting requests and readiness read the
+scheduler when /metrics is scraped.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from g4bench.engine.scheduler import RequestResult, Scheduler
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0)
+TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.2, 0.5, 1.0, 2.5)
+
+
+class ServerMetrics:
+    """All g4bench_* series of one server."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, scheduler: Scheduler, model_name: str) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "g4bench_requests", "HTTP requests by endpoint and outcome", ["endpoint", "status"], registry=r
+        )
+        self.prompt_tokens = Counter(
+            "g4bench_prompt_tokens",
+            "Prompt tokens, computed by prefill or reused from a slot",
+            ["kind"],
+            registry=r,
+        )
+        self.generated_tokens = Counter("g4bench_generation_tokens", "Tokens generated", registry=r)
+        self.decode_steps = Counter("g4bench_decode_steps", "Batched decode steps run", registry=r)
+        self.ttft = Histogram(
+            "g4bench_time_to_first_token_seconds",
+            "Submission to first token",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "g4bench_time_per_output_token_seconds",
+            "Mean gap between output tokens after the first, per request",
+            buckets=TPOT_BUCKETS_S,
+            registry=r,
+        )
+        self.queue = Histogram(
+            "g4bench_queue_time_seconds",
+            "Submission to admission into a slot",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        slots = scheduler.max_slots
+        self.occupancy = Histogram(
+            "g4bench_batch_occupancy",
+            "Slots decoding per decode step",
+            buckets=tuple(float(i) for i in range(1, slots + 1)),
+            registry=r,
+        )
+        Gauge("g4bench_max_slots", "Slots the engine holds", registry=r).set(slots)
+        Gauge("g4bench_active_slots", "Slots owned by a running request", registry=r).set_function(
+            lambda: scheduler.num_active
+        )
+        Gauge("g4bench_waiting_requests", "Requests waiting for a slot", registry=r).set_function(
+            lambda: scheduler.num_waiting
+        )
+        Gauge("g4bench_ready", "1 once warm-up is done and the engine loop runs", registry=r).set_function(
+            lambda: float(scheduler.ready)
+        )
+        info = Gauge("g4bench_model_info", "Served model", ["model"], registry=r)
+        info.labels(model=model_name).set(1)
+        for kind in ("computed", "reused"):
+            self.prompt_tokens.labels(kind=kind)
+
+    # SchedulerObserver (engine thread)
+    def on_step(self, active: int, slots: int) -> None:
+        self.decode_steps.inc()
+        self.occupancy.observe(active)
+
+    def on_finish(self, result: RequestResult) -> None:
+        self.prompt_tokens.labels(kind="computed").inc(result.computed_tokens)
+        self.prompt_tokens.labels(kind="reused").inc(result.cached_tokens)
+        self.generated_tokens.inc(len(result.output_ids))
+        if result.queue_s is not None:
+            self.queue.observe(result.queue_s)
+        if result.ttft_s is not None:
+            self.ttft.observe(result.ttft_s)
+        times = result.token_times_s
+        if len(times) > 1:
+            self.tpot.observe((times[-1] - times[0]) / (len(times) - 1))
+
+    # app (event loop)
+    def count_request(self, endpoint: str, status: str) -> None:
+        self.requests.labels(endpoint=endpoint, status=status).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

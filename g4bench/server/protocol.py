@@ -1,0 +1,238 @@
+"""OpenAI request and response schemas (pydantic), plus g4bench's benchmarking extensions.
+
+Requests are parsed leniently about *unknown* fields (clients send `user`, `logprobs`, ... that we
+ignore) and strictly about known ones: wrong types, n > 1, empty messages and non-positive
+max_tokens fail validation and become a 400 with an OpenAI error body (see app.py).
+
+Extensions beyond OpenAI, named as vLLM names them: `ignore_eos`, `min_tokens`, `top_k`, and
+`return_token_ids` — when true the response (or the streamed finish chunk) carries
+`prompt_token_ids` at the top level and the choice's completion `token_ids`, so a load tester can
+check prefix reuse token by token.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+
+# A field that is left out of the JSON while it is None (extensions, deltas, usage in chunks).
+_OMIT_NONE: Any = Field(default=None, exclude_if=lambda v: v is None)
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(_Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Lenient):
+    role: Role
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class StreamOptions(_Lenient):
+    include_usage: StrictBool = False
+
+
+class SamplingFields(_Lenient):
+    """Fields shared by chat and completions requests."""
+
+    model: str
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(strict=True, ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(strict=True, gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None  # -1 or 0: off (vLLM spells off as -1)
+    seed: StrictInt | None = None
+    stop: str | list[str] | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=1)] = 1  # only one choice per request
+    ignore_eos: StrictBool = False
+    min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
+    return_token_ids: StrictBool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> list[str] | None:
+        if v is None:
+            return None
+        stops = [v] if isinstance(v, str) else v
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("stop must be at most 4 non-empty strings")
+        return stops
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(SamplingFields):
+    # Text, a list of token ids, or a list holding exactly one string (or one id list).
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("prompt must not be empty")
+            if isinstance(v[0], str | list):
+                if len(v) != 1:
+                    raise ValueError("only one prompt per request is supported")
+                v = v[0]
+        if isinstance(v, list) and not v:
+            raise ValueError("prompt must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _default_limit(self) -> CompletionRequest:
+        if self.max_tokens is None:
+            self.max_tokens = 16  # OpenAI's completions default
+        return self
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_tokens
+
+
+# ---- responses (serialized with model_dump_json(); optional extras vanish when None) ----------------------------------------------------------------------------------
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+    )
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now_s() -> int:
+    return int(time.time())
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str | None
+    logprobs: None = None
+    token_ids: list[int] | None = _OMIT_NONE
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    prompt_token_ids: list[int] | None = _OMIT_NONE
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = _OMIT_NONE
+    content: str | None = _OMIT_NONE
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: None = None
+    token_ids: list[int] | None = _OMIT_NONE
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = _OMIT_NONE
+    prompt_token_ids: list[int] | None = _OMIT_NONE
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+    token_ids: list[int] | None = _OMIT_NONE
+
+
+class CompletionResponse(BaseModel):
+    """Also the streamed chunk shape (`object` is "text_completion" in both, as in OpenAI)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = _OMIT_NONE
+    prompt_token_ids: list[int] | None = _OMIT_NONE
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "g4bench"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail

@@ -1,0 +1,134 @@
+"""serve-load figures (matplotlib Agg; each written as PNG and SVG into the run's plots/ folder).
+
+- latency.png: median and p90/p99 TTFT and TPOT against concurrency, with the vLLM TPU v6e sweep
+  (Gemma 4 E2B, the context nearest this run's mean prompt) overlaid and labelled with its device.
+- throughput.png: output tok/s against concurrency, same overlay.
+- goodput.png: request goodput (and task goodput for agent runs) plus SLO attainment with the
+  attainment target drawn in.
+- ttft_by_turn.png (agent runs): median TTFT and mean uncached prompt tokens by turn index, one line
+  per concurrency.
+The baseline comes from configs/baselines/vllm-sweep-v6e1.csv via `harness.results.load_baseline`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+BASELINE = "vllm-sweep-v6e1"
+BASELINE_MODEL = "google/gemma-4-E2B-it"
+
+
+def baseline_rows(mean_prompt_tokens: float | None) -> tuple[Any, str] | None:
+    """(rows by concurrency, label) of the vLLM E2B sweep at the ctx nearest the run's prompts."""
+    from harness.results import load_baseline
+
+    try:
+        df = load_baseline(BASELINE)
+    except FileNotFoundError:
+        return None
+    df = df[(df["model"] == BASELINE_MODEL) & (df["status"] == "ok")]
+    if df.empty:
+        return None
+    target = mean_prompt_tokens or 1024
+    ctx = min(df["ctx"].unique(), key=lambda c: abs(float(c) - target))
+    rows = df[df["ctx"] == ctx].sort_values("concurrency")
+    return rows, f"vLLM, {rows['device'].iloc[0]}, E2B, ctx {ctx}"
+
+
+def _save(fig: Any, out: Path, name: str) -> list[Path]:
+    paths = [out / f"{name}.png", out / f"{name}.svg"]
+    for p in paths:
+        fig.savefig(p, dpi=120, bbox_inches="tight")
+    return paths
+
+
+def write_plots(summary: dict[str, Any], out: Path) -> list[Path]:
+    """Draw every figure the summary supports; returns the written paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    levels = summary["levels"]
+    if not levels:
+        return []
+    conc = [lv["concurrency"] for lv in levels]
+    title = f"serve-load {summary['run']['workload']['kind']} · {summary['run']['model_name']}"
+    prompts = [lv.get("total_input_tokens", 0) / lv["completed"] for lv in levels if lv.get("completed")]
+    base = baseline_rows(sum(prompts) / len(prompts) if prompts else None)
+    written: list[Path] = []
+    ticks = sorted(set(conc) | (set(int(c) for c in base[0]["concurrency"]) if base is not None else set()))
+
+    def get(key: str) -> list[float]:
+        return [lv.get(key) if lv.get(key) is not None else float("nan") for lv in levels]
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, metric in zip(axes, ("ttft", "tpot"), strict=True):
+        ax.plot(conc, get(f"median_{metric}_ms"), "o-", label="median")
+        ax.plot(conc, get(f"p90_{metric}_ms"), "s--", label="p90")
+        ax.plot(conc, get(f"p99_{metric}_ms"), "^:", label="p99")
+        if base is not None:
+            rows, label = base
+            ax.plot(
+                rows["concurrency"], rows[f"{metric}_ms_median"], "k.-", alpha=0.6, label=f"{label} (median)"
+            )
+        ax.set(xlabel="concurrency", ylabel=f"{metric.upper()} (ms)", xscale="log", yscale="log")
+        ax.set_xticks(ticks, [str(c) for c in ticks])
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    written += _save(fig, out, "latency")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(conc, get("output_throughput"), "o-", label="output tok/s (this run)")
+    if base is not None:
+        rows, label = base
+        ax.plot(rows["concurrency"], rows["output_tok_per_s"], "k.-", alpha=0.6, label=label)
+    ax.set(xlabel="concurrency", ylabel="output tokens/s", xscale="log", yscale="log", title=title)
+    ax.set_xticks(ticks, [str(c) for c in ticks])
+    ax.legend(fontsize=7)
+    written += _save(fig, out, "throughput")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(conc, get("request_goodput"), "o-", label="request goodput (req/s)")
+    if any(lv.get("task_goodput") is not None for lv in levels):
+        ax.plot(conc, get("task_goodput"), "s-", label="task goodput (tasks/s)")
+    ax.set(xlabel="concurrency", ylabel="goodput (/s)", xscale="log", title=title)
+    ax.set_xticks(ticks, [str(c) for c in ticks])
+    ax2 = ax.twinx()
+    ax2.plot(conc, get("slo_attainment"), "g^--", label="request attainment")
+    if any(lv.get("task_slo_attainment") is not None for lv in levels):
+        ax2.plot(conc, get("task_slo_attainment"), "mv--", label="task attainment")
+    ax2.axhline(summary["run"]["slo"]["attainment_target"], color="grey", lw=0.8, ls=":")
+    ax2.set(ylabel="SLO attainment", ylim=(-0.02, 1.02))
+    ax.legend(loc="upper left", fontsize=7)
+    ax2.legend(loc="lower left", fontsize=7)
+    written += _save(fig, out, "goodput")
+    plt.close(fig)
+
+    if any(lv.get("by_turn") for lv in levels):
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+        for lv in levels:
+            rows = lv.get("by_turn") or []
+            turns = [r["turn"] for r in rows]
+            a1.plot(
+                turns,
+                [r["median_ttft_ms"] or float("nan") for r in rows],
+                "o-",
+                label=f"c={lv['concurrency']}",
+            )
+            a2.plot(
+                turns,
+                [r["mean_uncached_tokens"] or float("nan") for r in rows],
+                "o-",
+                label=f"c={lv['concurrency']}",
+            )
+        a1.set(xlabel="turn", ylabel="median TTFT (ms)", title="TTFT by turn")
+        a2.set(xlabel="turn", ylabel="mean uncached prompt tokens", title="uncached prompt tokens by turn")
+        a1.legend(fontsize=7)
+        written += _save(fig, out, "ttft_by_turn")
+        plt.close(fig)
+    return written

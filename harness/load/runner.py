@@ -1,0 +1,231 @@
+"""Orchestration: server → probe → one load level per concurrency → checks, metrics, report.
+
+`run_load(cfg)` is the library entry behind `g4bench serve-load`:
+1. Server: with `cfg.url` check /v1/models (`ServerError` on anything wrong); without it start our
+   `g4bench serve` on a free loopback port (server.py) and stop it in a `finally`.
+2. Probe: one short request (excluded from results) warms the server up and, for `api="auto"`, picks
+   the transport: token-id prompts when the server returns `token_ids`, else chat messages.
+3. Levels: for each concurrency c, closed loop (c workers, each runs its next task as soon as the
+   last one ends; no client queue by construction) or open loop (`rate`: tasks arrive by a gamma
+   process and wait for one of c slots; that wait is the client queue time). A task's turns go back
+   to back. Every request yields a record; a failed turn fails its task (later turns are not sent).
+4. Liveness: after any connection-level failure the runner asks whether the server is still up; if
+   not, it stops sending, keeps what it has and marks the run `partial` with the reason. Ctrl-C does
+   the same ("interrupted") before re-raising.
+5. report.py writes the run folder from the `RunResult`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import httpx
+
+from harness.load.client import RequestRecord, RequestSpec, stream_request
+from harness.load.server import ManagedServer, alive
+from harness.load.slo import SLO
+from harness.load.workloads import Task, WorkloadConfig, arrival_times, make_tasks
+
+
+@dataclass
+class LoadConfig:
+    base_url: str
+    workload: WorkloadConfig
+    concurrencies: list[int]
+    num_tasks: int | None = None  # tasks per level (fixed: requests); None → duration or tasks_per_conc
+    duration_s: float | None = None  # per level: no new task starts after this
+    tasks_per_conc: int = 1  # used when neither num_tasks nor duration_s is given
+    rate: float = math.inf  # tasks per second (open loop when finite)
+    burstiness: float = 1.0
+    timeout_s: float = 600.0
+    slo: SLO = field(default_factory=SLO)
+    api_key: str | None = None
+
+
+@dataclass
+class LevelResult:
+    concurrency: int
+    records: list[RequestRecord]
+    duration_s: float
+    partial_reason: str | None = None
+
+
+@dataclass
+class RunResult:
+    cfg: LoadConfig
+    levels: list[LevelResult] = field(default_factory=list)
+    partial_reason: str | None = None
+    notes: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+
+def level_tasks(cfg: LoadConfig, conc: int) -> int | None:
+    """Tasks one level runs (None: as many as fit in `duration_s`)."""
+    if cfg.num_tasks is not None:
+        return cfg.num_tasks
+    if cfg.duration_s is not None:
+        return None
+    return cfg.tasks_per_conc * conc
+
+
+async def probe_api(client: httpx.AsyncClient, cfg: LoadConfig, headers: dict[str, str] | None) -> str:
+    """Send one short request; return "tokens" if the server streams back token ids, else "chat"."""
+    body = {
+        "model": cfg.workload.model,
+        "prompt": [40, 41, 42, 43],
+        "max_tokens": 2,
+        "return_token_ids": True,
+    }
+    spec = RequestSpec("/v1/completions", body, request_id="probe")
+    rec = await stream_request(client, cfg.base_url, spec, t0=time.perf_counter(), scheduled_s=0.0,
+                               timeout_s=cfg.timeout_s, headers=headers)  # fmt: skip
+    return "tokens" if rec.ok and rec.output_ids is not None else "chat"
+
+
+class _Level:
+    """One concurrency level in flight: hands out tasks, collects records, watches the server."""
+
+    def __init__(self, cfg: LoadConfig, conc: int, client: httpx.AsyncClient, server: ManagedServer | None,
+                 on_record: Callable[[RequestRecord], None], records: list[RequestRecord]) -> None:  # fmt: skip
+        self.cfg, self.conc, self.client, self.server = cfg, conc, client, server
+        self.on_record, self.records = on_record, records
+        self.headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
+        self.stop = asyncio.Event()
+        self.partial_reason: str | None = None
+        self.next_id = 0
+        self.limit = level_tasks(cfg, conc)
+        self.t0 = time.perf_counter()
+
+    def new_task(self) -> Task | None:
+        c = self.cfg
+        if self.stop.is_set():
+            return None
+        if self.limit is not None and self.next_id >= self.limit:
+            return None
+        if self.limit is None and time.perf_counter() - self.t0 >= (c.duration_s or 0.0):
+            return None
+        task = make_tasks(c.workload, 1, first_id=self.next_id)[0]
+        self.next_id += 1
+        return task
+
+    async def run_task(self, task: Task, scheduled_s: float) -> None:
+        while not self.stop.is_set() and (spec := task.next_spec()) is not None:
+            rec = await stream_request(self.client, self.cfg.base_url, spec, t0=self.t0,
+                                       scheduled_s=scheduled_s, timeout_s=self.cfg.timeout_s,
+                                       headers=self.headers)  # fmt: skip
+            self.records.append(rec)
+            self.on_record(rec)
+            if not rec.ok:
+                if rec.error_kind == "connection" and not await alive(
+                    self.client, self.cfg.base_url, self.server
+                ):
+                    self.partial_reason = f"server stopped answering during the run ({rec.error})"
+                    self.stop.set()
+                return
+            if (err := task.observe(rec)) is not None:
+                rec.ok, rec.error, rec.error_kind = False, err, "protocol"
+                return
+            scheduled_s = time.perf_counter() - self.t0
+
+    async def closed_loop(self) -> None:
+        async def worker() -> None:
+            while (task := self.new_task()) is not None:
+                await self.run_task(task, time.perf_counter() - self.t0)
+
+        await asyncio.gather(*(worker() for _ in range(self.conc)))
+
+    async def open_loop(self) -> None:
+        c = self.cfg
+        n = self.limit if self.limit is not None else math.ceil(c.rate * (c.duration_s or 0.0))
+        times = arrival_times(n, c.rate, c.burstiness, seed=c.workload.seed)
+        sem = asyncio.Semaphore(self.conc)
+
+        async def arrival(at: float) -> None:
+            await asyncio.sleep(max(0.0, at - (time.perf_counter() - self.t0)))
+            task = self.new_task() if self.limit is not None else self._open_task()
+            if task is None:
+                return
+            async with sem:
+                await self.run_task(task, at)
+
+        await asyncio.gather(*(arrival(float(t)) for t in times))
+
+    def _open_task(self) -> Task | None:
+        # duration-bounded open loop: the arrival count already bounds it, so ignore the clock
+        task = make_tasks(self.cfg.workload, 1, first_id=self.next_id)[0]
+        self.next_id += 1
+        return None if self.stop.is_set() else task
+
+
+async def _run_level(cfg: LoadConfig, conc: int, client: httpx.AsyncClient, server: ManagedServer | None,
+                     on_record: Callable[[RequestRecord], None], records: list[RequestRecord]) -> LevelResult:  # fmt: skip
+    level = _Level(cfg, conc, client, server, on_record, records)
+    try:
+        if math.isfinite(cfg.rate):
+            await level.open_loop()
+        else:
+            await level.closed_loop()
+    finally:
+        duration = time.perf_counter() - level.t0
+    return LevelResult(conc, records, duration, level.partial_reason)
+
+
+def run_load(
+    cfg: LoadConfig,
+    server: ManagedServer | None = None,
+    on_level_start: Callable[[int, int | None], None] | None = None,
+    on_record: Callable[[RequestRecord], None] | None = None,
+) -> RunResult:
+    """Run every concurrency level; always returns what was measured (see module docstring).
+
+    Ctrl-C does not propagate: the result comes back with `interrupted=True` so the caller can save
+    it and then exit with 130.
+
+    `server` is the self-started child (for liveness); `on_level_start(conc, expected_requests)` and
+    `on_record(record)` feed the live progress display.
+    """
+    result = RunResult(cfg)
+    current: list[RequestRecord] = []
+    started: dict[str, Any] = {}
+
+    async def main() -> None:
+        limits = httpx.Limits(
+            max_connections=max(cfg.concurrencies) + 4, max_keepalive_connections=max(cfg.concurrencies) + 4
+        )
+        timeout = httpx.Timeout(cfg.timeout_s, connect=10.0)
+        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+            headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
+            api = cfg.workload.api
+            if api == "auto":
+                api = await probe_api(client, cfg, headers)
+                result.notes.append(
+                    f"transport: {api} (probed: server {'returns' if api == 'tokens' else 'does not return'} token_ids)"
+                )
+                cfg.workload = replace(cfg.workload, api=api)
+            for conc in cfg.concurrencies:
+                n = level_tasks(cfg, conc)
+                expected = n * cfg.workload.turns_per_task if n is not None else None
+                if on_level_start:
+                    on_level_start(conc, expected)
+                current.clear()
+                started["t"], started["conc"] = time.perf_counter(), conc
+                level = await _run_level(cfg, conc, client, server, on_record or (lambda r: None), current)
+                result.levels.append(replace(level, records=list(current)))
+                current.clear()
+                if level.partial_reason:
+                    result.partial_reason = level.partial_reason
+                    return
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        result.partial_reason, result.interrupted = "interrupted (Ctrl-C)", True
+        if current:
+            result.levels.append(LevelResult(started["conc"], list(current), time.perf_counter() - started["t"],
+                                             result.partial_reason))  # fmt: skip
+    return result

@@ -1,0 +1,166 @@
+"""Workloads: what each simulated client sends, turn by turn.
+
+Every workload is a stream of *tasks*; a task is a short conversation of one or more requests
+(`RequestSpec`s) sent one after another, each built after the previous reply arrived. The runner only
+sees tasks: closed loop = `c` workers pulling tasks; open loop = tasks arriving by a gamma process.
+
+- fixed: one request per task, a prompt of exactly `input_len` tokens and `output_len` generated
+  tokens forced with `ignore_eos` (and `min_tokens`), as `vllm bench serve --dataset-name random`.
+- agent: a task runs `turns` turns. Turn 0 sends `input_len` tokens; every later turn resends the
+  whole conversation (previous prompt + the model's reply + a synthetic tool result of
+  `tool_result_tokens` tokens), so the prompt grows by `output_len + tool_result_tokens` per turn
+  (defaults 500 → 7,796 over 20 turns). The tool result is random per task, so one agent's prefix is
+  never reused by another.
+- shared-prefix: the agent workload where every task starts with the same `prefix_len`-token system
+  prompt (a server with prefix sharing computes it once).
+
+Two transports (`api`):
+- "tokens" (default; exact): POST /v1/completions with `prompt` as a list of token ids and
+  `return_token_ids: true`; the client appends the server's returned generated ids to its history, so
+  turn n's prompt is by construction a token prefix of turn n+1's, and checks.py can compare the
+  server's `cached_tokens` against the exact reusable length. Needs a server that returns
+  `choices[0].token_ids` in stream chunks (vLLM does; our server is asked to).
+- "chat" (any OpenAI-compatible server): POST /v1/chat/completions with text messages (tool results
+  sent as user messages, as SGLang's agentic dataset does); the server tokenizes, so prompt lengths
+  come from `usage` and prefix reuse can only be judged from `cached_tokens`. Text of "N tokens" is N
+  ASCII bytes: exact for the byte-level tokenizer of our synthetic models, about N/4 tokens elsewhere.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from harness.load.client import RequestRecord, RequestSpec
+
+Kind = Literal["fixed", "agent", "shared-prefix"]
+Api = Literal["auto", "tokens", "chat"]  # "auto": the runner probes and picks one
+# Token ids drawn for synthetic prompts: printable ASCII in the byte-level tokenizer (byte b -> b+3),
+# ordinary ids in any real vocabulary too.
+TOKEN_LO, TOKEN_HI = 3 + 32, 3 + 127
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    kind: Kind = "agent"
+    api: Api = "tokens"
+    model: str = "default"
+    input_len: int = 500
+    output_len: int = 64
+    turns: int = 20
+    tool_result_tokens: int = 320
+    prefix_len: int = 0  # shared system prompt tokens (shared-prefix only)
+    seed: int = 0
+    ignore_eos: bool = True
+
+    @property
+    def turns_per_task(self) -> int:
+        return 1 if self.kind == "fixed" else self.turns
+
+    @property
+    def max_context(self) -> int:
+        """Largest prompt + output any request of this workload needs (sizes the server's max_len)."""
+        t = self.turns_per_task
+        return (
+            self.prefix_len
+            + self.input_len
+            + (t - 1) * (self.output_len + self.tool_result_tokens)
+            + (self.output_len)
+        )
+
+    def prompt_len(self, turn: int) -> int:
+        """Prompt tokens the workload intends at `turn` (token transport; exact when outputs are full)."""
+        return self.prefix_len + self.input_len + turn * (self.output_len + self.tool_result_tokens)
+
+
+def _ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(TOKEN_LO, TOKEN_HI) for _ in range(n)]
+
+
+def _text(rng: random.Random, n: int) -> str:
+    """n ASCII bytes of lowercase pseudo-words (n tokens under the byte-level tokenizer)."""
+    out, letters = [], "abcdefghijklmnopqrstuvwxyz"
+    while len(out) < n:
+        out.extend(rng.choice(letters) for _ in range(rng.randint(2, 7)))
+        out.append(" ")
+    return "".join(out[:n])
+
+
+class Task:
+    """One conversation: `next_spec()` builds the next request, `observe(record)` feeds the reply back.
+
+    `next_spec` returns None once all turns are sent. `observe` returns an error string when the reply
+    cannot be continued (e.g. no token ids in token transport); the runner then fails the task.
+    """
+
+    def __init__(self, cfg: WorkloadConfig, task_id: int, agent_id: int, shared_prefix: list[int]) -> None:
+        self.cfg, self.task_id, self.agent_id = cfg, task_id, agent_id
+        self.rng = random.Random(cfg.seed * 1_000_003 + task_id)
+        self.turn = 0
+        prefix = shared_prefix if cfg.kind == "shared-prefix" else []
+        if cfg.api == "tokens":
+            self.ids: list[int] = prefix + _ids(self.rng, cfg.input_len)
+        else:
+            self.messages: list[dict[str, str]] = []
+            if prefix:
+                self.messages.append({"role": "system", "content": "".join(chr(i - 3) for i in prefix)})
+            self.messages.append({"role": "user", "content": _text(self.rng, cfg.input_len)})
+
+    def next_spec(self) -> RequestSpec | None:
+        cfg = self.cfg
+        if self.turn >= cfg.turns_per_task:
+            return None
+        body: dict = {"model": cfg.model, "max_tokens": cfg.output_len, "temperature": 0.0}
+        if cfg.ignore_eos:
+            body.update(ignore_eos=True, min_tokens=cfg.output_len)
+        rid = f"t{self.task_id}-{self.turn}"
+        turn = None if cfg.kind == "fixed" else self.turn
+        common = dict(request_id=rid, agent_id=self.agent_id, task_id=self.task_id, turn=turn)
+        if cfg.api == "tokens":
+            body.update(prompt=list(self.ids), return_token_ids=True)
+            return RequestSpec(
+                "/v1/completions", body, input_len=len(self.ids), prompt_ids=list(self.ids), **common
+            )
+        body["messages"] = [dict(m) for m in self.messages]
+        return RequestSpec("/v1/chat/completions", body, **common)
+
+    def observe(self, rec: RequestRecord) -> str | None:
+        """Append the reply and the next tool result to the history; advance the turn."""
+        self.turn += 1
+        if self.turn >= self.cfg.turns_per_task:
+            return None
+        n_tool = self.cfg.tool_result_tokens
+        if self.cfg.api == "tokens":
+            if rec.output_ids is None:
+                return "server returned no token_ids (needs `return_token_ids`); use --api chat"
+            self.ids = self.ids + rec.output_ids + _ids(self.rng, n_tool)
+        else:
+            self.messages.append({"role": "assistant", "content": rec.text})
+            self.messages.append({"role": "user", "content": _text(self.rng, n_tool)})
+        return None
+
+
+def make_tasks(cfg: WorkloadConfig, n_tasks: int, first_id: int = 0) -> list[Task]:
+    """`n_tasks` tasks; agent ids cycle 0.. so per-agent rows stay readable. Deterministic in cfg.seed."""
+    prefix = _ids(random.Random(cfg.seed - 1), cfg.prefix_len) if cfg.kind == "shared-prefix" else []
+    return [Task(cfg, first_id + i, first_id + i, prefix) for i in range(n_tasks)]
+
+
+def arrival_times(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> np.ndarray:
+    """Open-loop send times (s from start) of n arrivals at `rate`/s, as vLLM's `--burstiness`.
+
+    Inter-arrival gaps are gamma(shape=B, scale=1/(rate·B)): mean 1/rate always; B = 1 is Poisson,
+    B < 1 burstier, B > 1 smoother. rate = inf sends everything at t = 0.
+    """
+    if n <= 0:
+        return np.zeros(0)
+    if not np.isfinite(rate):
+        return np.zeros(n)
+    if rate <= 0 or burstiness <= 0:
+        raise ValueError("rate and burstiness must be > 0")
+    gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (rate * burstiness), size=n)
+    gaps[0] = 0.0
+    return np.cumsum(gaps)

@@ -1,0 +1,77 @@
+"""Fixtures for server tests: apps over the fake engine, and a real uvicorn server on a free port.
+
+`live_server(app)` runs uvicorn in a background thread on 127.0.0.1 port 0 (the socket is bound
+first, so the port is known), waits for `server.started` with a deadline (no fixed sleeps), and
+shuts it down after the test.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from g4bench.engine.scheduler import Scheduler
+from g4bench.server.app import create_app
+from g4bench.server.tokenizer import ByteTokenizer
+from tests.server.fake_engine import FakeEngine
+
+DEADLINE_S = 15.0
+
+
+def wait_until(pred, timeout: float = DEADLINE_S, what: str = "condition") -> None:
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            raise AssertionError(f"{what} not reached within {timeout} s")
+        time.sleep(0.002)
+
+
+@pytest.fixture
+def fake_app():
+    """make(api_key=None, warm=True, **engine_kw) -> (app, engine, scheduler)."""
+    scheds = []
+
+    def make(api_key=None, warm=True, max_waiting=64, **engine_kw):
+        engine = FakeEngine(**engine_kw)
+        if not warm:
+            engine.warmup_gate = threading.Event()
+        sched = Scheduler(engine, max_waiting=max_waiting).start()
+        scheds.append((sched, engine))
+        if warm:
+            assert sched.wait_ready(DEADLINE_S)
+        return create_app(sched, ByteTokenizer(engine.cfg.vocab_size), "fake", api_key=api_key), engine, sched
+
+    yield make
+    for sched, engine in scheds:
+        if engine.warmup_gate is not None:
+            engine.warmup_gate.set()
+        sched.stop()
+
+
+@pytest.fixture
+def live_server():
+    """serve(app) -> base URL "http://127.0.0.1:PORT"; stopped at teardown."""
+    import uvicorn
+
+    running = []
+
+    def serve(app) -> str:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        running.append((server, thread, sock))
+        wait_until(lambda: server.started or not thread.is_alive(), what="uvicorn startup")
+        assert server.started, "uvicorn failed to start"
+        return f"http://127.0.0.1:{port}"
+
+    yield serve
+    for server, thread, sock in running:
+        server.should_exit = True
+        thread.join(DEADLINE_S)
+        sock.close()
