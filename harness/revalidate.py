@@ -61,6 +61,8 @@ class Shape:
     samples: int
     warmup: int
     reason: str
+    layers: str | None = None  # override of the grid's layer format (None: keep the grid's)
+    layers_reason: str = ""
 
 
 ACCELERATOR_DEFAULTS = Shape(
@@ -70,16 +72,20 @@ ACCELERATOR_DEFAULTS = Shape(
     warmup=3,
     reason="the reference revalidation's shape on TPU v6e (seed-engine-notes §4.5), so results compare",
 )
-# The lead tunes this once the engine exists: it must let `revalidate --all` finish in about
-# 15 minutes on a 2-core CPU with full E2B dimensions, at a KV-dominated shape where the donation
-# effect for bf16 KV is visible. Initial guess, not yet measured.
+# Measured on the 2-core, 24 GiB development machine (jax 0.10.2, full E2B dimensions, f32
+# layers): a decode step at batch 4, ctx 8192 takes ~1.3 s donated and ~1.6 s copying; a child
+# (synthetic init ~25 s, compile ~4 s, 18 steps) ~60-70 s, so 12 configurations take ~13-14 min.
 CPU_DEFAULTS = Shape(
     batch=4,
-    ctx=4096,
+    ctx=8192,
     samples=15,
     warmup=3,
-    reason="CPU: scaled down so 12 full-E2B configurations finish in about 15 minutes on 2 cores "
-    "(initial guess, to be measured; harness/revalidate.py CPU_DEFAULTS)",
+    reason="CPU: batch 4 at the reference's ctx 8192 keeps 12 full-E2B configurations to about 15 minutes "
+    "on 2 cores (~1.3 s per step)",
+    layers="f32",
+    layers_reason="CPU: W4A16 weights unpacked inside the step do not fuse on XLA's CPU backend "
+    "(~21 ms per 1536x12288 projection vs ~2.7 ms dense f32 at batch 1, ~5 s per E2B step), so the "
+    "grid's W4A16 layers are stored as dense f32 here; PLE and KV formats are measured as specified",
 )
 
 
@@ -101,12 +107,13 @@ class SweepSettings:
     samples: int
     warmup: int
     seed: int = 0
+    layers: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     mem_limit_bytes: int | None = None
 
     def identity(self) -> dict[str, Any]:
         """The fields that define the measurement (a resumed run must match them)."""
-        return {k: getattr(self, k) for k in ("model", "batch", "ctx", "samples", "warmup", "seed")}
+        return {k: getattr(self, k) for k in ("model", "batch", "ctx", "samples", "warmup", "seed", "layers")}
 
 
 @dataclass
@@ -172,6 +179,7 @@ def resolve_settings(
     ctx: int | None,
     samples: int | None,
     warmup: int | None,
+    layers: str | None = None,
     **extra: Any,
 ) -> tuple[SweepSettings, str | None]:
     """Fill unset shape options from the platform defaults; returns the settings and a note saying
@@ -180,15 +188,21 @@ def resolve_settings(
     chosen = {"batch": batch, "ctx": ctx, "samples": samples, "warmup": warmup}
     applied = {k: getattr(shape, k) for k, v in chosen.items() if v is None}
     settings = SweepSettings(
-        model=model, **{k: v if v is not None else getattr(shape, k) for k, v in chosen.items()}, **extra
+        model=model,
+        layers=layers if layers is not None else shape.layers,
+        **{k: v if v is not None else getattr(shape, k) for k, v in chosen.items()},
+        **extra,
     )
     if settings.samples < 1 or settings.warmup < 0 or settings.batch < 1 or settings.ctx < 1:
         raise RevalidateError("batch, ctx and samples must be >= 1 and warmup >= 0")
-    if not applied:
-        return settings, None
-    shown = ", ".join(f"{k} {v}" for k, v in applied.items())
-    why = f" — {shape.reason}" if {"batch", "ctx"} & set(applied) else ""
-    return settings, f"defaults for {platform or 'cpu'}: {shown}{why}"
+    notes = []
+    if applied:
+        shown = ", ".join(f"{k} {v}" for k, v in applied.items())
+        why = f" — {shape.reason}" if {"batch", "ctx"} & set(applied) else ""
+        notes.append(f"defaults for {platform or 'cpu'}: {shown}{why}")
+    if layers is None and shape.layers is not None:
+        notes.append(f"layers {shape.layers} instead of the grid's — {shape.layers_reason}")
+    return settings, "\n".join(notes) or None
 
 
 # ---------------------------------------------------------------------------------------- the child
@@ -244,6 +258,8 @@ def revalidate_child(payload: dict[str, Any]) -> dict[str, Any]:
 def child_payload(cfg: SweepConfig, settings: SweepSettings) -> dict[str, Any]:
     """The JSON the child receives: the full DecodeCase, the sampling plan and the seed."""
     case = {**cfg.case, "model": settings.model, "batch": settings.batch, "ctx": settings.ctx}
+    if settings.layers is not None:
+        case["layers"] = settings.layers
     return {
         "name": cfg.name,
         "case": case,
@@ -381,7 +397,7 @@ def prepare_run(
             shown = "; ".join(f"{k}: run has {old!r}, asked {new!r}" for k, (new, old) in clash.items())
             raise RevalidateError(f"cannot resume {out} with different settings ({shown})")
         return out, SweepSettings(**{**asdict(base), **extra}), None, kept
-    shape_keys = ("batch", "ctx", "samples", "warmup")
+    shape_keys = ("batch", "ctx", "samples", "warmup", "layers")
     settings, note = resolve_settings(
         platform,
         model=requested.get("model") or "e2b",
@@ -527,7 +543,8 @@ def run_revalidate(
     if note:
         console.print(f"[yellow]{note}[/yellow]")
     console.print(
-        f"revalidate on {platform} ({device.get('device_kind')}): model {settings.model}, batch {settings.batch}, "
+        f"revalidate on {platform} ({device.get('device_kind')}): model {settings.model}, "
+        f"layers {settings.layers or 'as in the grid'}, batch {settings.batch}, "
         f"ctx {settings.ctx}, {settings.samples} samples after {settings.warmup} warmup, "
         f"{len(configs)} configuration(s), one process each, timeout {settings.timeout_s:g} s"
     )

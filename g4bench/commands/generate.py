@@ -1,10 +1,160 @@
-"""`g4bench generate` (placeholder: owned by the issue that builds it; replace whole file)."""
+"""`g4bench generate`: one generation, with prefill time and decode speed measured apart from compiles.
+
+Data flow: `--model` → `load_model` (a preset/config with synthetic weights in the platform's
+default format, or a checkpoint dir) → prompt ids (`--prompt` text through the byte-level
+tokenizer for synthetic models or the checkpoint's tokenizer.json, with BOS; or `--prompt-tokens N`
+deterministic random ids) → an `Engine` with `--batch` slots sized to prompt + output →
+`Engine.warmup()` compiles every bucket program (reported as compile time) → the timed run: each
+slot's prompt prefilled chunk by chunk (prefill returns a host int on the last chunk, so the clock
+stops after the device finished), then decode steps over all slots (each returns a numpy array:
+synchronous too). Human output goes to stderr; the generated text (or ids) to stdout, one line per
+sequence.
+"""
 
 from __future__ import annotations
+
+from typing import Annotated
 
 import typer
 
 
-def generate() -> None:
-    """Not built yet."""
-    raise typer.Exit(code=2)
+def generate(
+    model: Annotated[str, typer.Option(help="e2b | e4b | small | tiny-a | a config .json | a checkpoint DIR")] = "e2b",
+    prompt: Annotated[str | None, typer.Option(help="Prompt text (BOS is prepended)")] = None,
+    prompt_tokens: Annotated[int | None, typer.Option(help="Use N deterministic random prompt ids instead")] = None,
+    max_tokens: Annotated[int, typer.Option(help="Tokens to generate per sequence")] = 32,
+    batch: Annotated[int, typer.Option(help="Run N copies of the prompt in N slots")] = 1,
+    kv_dtype: Annotated[str, typer.Option(help="KV cache storage: bf16 | int8")] = "bf16",
+    sliding_kv: Annotated[str, typer.Option(help="Sliding-layer KV: ring | full")] = "ring",
+    chunk_size: Annotated[int, typer.Option(help="Prefill tokens per engine call")] = 256,
+    temperature: Annotated[float, typer.Option(help="0 = greedy")] = 0.0,
+    top_k: Annotated[int, typer.Option(help="0 = off")] = 0,
+    top_p: Annotated[float, typer.Option(help="1.0 = off")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Sampling, prompt-id and synthetic-weight seed")] = 0,
+    ignore_eos: Annotated[bool, typer.Option(help="Keep generating past EOS (fixed-length timing)")] = False,
+    ids: Annotated[bool, typer.Option("--ids", help="Print token ids instead of text on stdout")] = False,
+) -> None:
+    """Generate once and report prefill ms and decode tok/s (compile time apart)."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if (prompt is None) == (prompt_tokens is None):
+        console.print("[red]give exactly one of --prompt TEXT or --prompt-tokens N[/]")
+        raise typer.Exit(code=2)
+    if max_tokens < 1 or batch < 1 or chunk_size < 1 or (prompt_tokens is not None and prompt_tokens < 1):
+        console.print("[red]--max-tokens, --batch, --chunk-size and --prompt-tokens must be >= 1[/]")
+        raise typer.Exit(code=2)
+    if kv_dtype not in ("bf16", "int8") or sliding_kv not in ("ring", "full"):
+        console.print("[red]--kv-dtype must be bf16|int8 and --sliding-kv ring|full[/]")
+        raise typer.Exit(code=2)
+
+    import time
+
+    import numpy as np
+
+    from g4bench.engine.engine import Engine, EngineConfig
+    from g4bench.engine.loading import default_format, is_checkpoint, load_model
+    from g4bench.engine.sampling import SamplingParams
+    from g4bench.model.config import load_config
+    from g4bench.model.params import param_bytes
+    from g4bench.server.tokenizer import BYTE_OFFSET, load_tokenizer
+
+    try:
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        if not is_checkpoint(model):
+            cfg = load_config(model)
+            console.print(
+                f"[bold]{cfg.name}[/]: synthetic weights, {default_format(cfg).name}, "
+                f"{param_bytes(cfg, default_format(cfg)) / 1e9:.2f} GB"
+            )
+    except (FileNotFoundError, ValueError) as err:
+        console.print(f"[red]{type(err).__name__}:[/] {err}")
+        raise typer.Exit(code=2) from err
+
+    t0 = time.perf_counter()
+    cfg, params, tok_dir = load_model(model, seed=seed)
+    tokenizer = load_tokenizer(tok_dir, cfg.vocab_size)
+    load_s = time.perf_counter() - t0
+    if prompt is not None:
+        ids_in = tokenizer.encode(prompt, add_bos=True)
+    else:
+        # Random ids: printable bytes for the byte tokenizer, any non-special id for a real vocabulary.
+        hi = 256 + BYTE_OFFSET if tok_dir is None else cfg.vocab_size
+        rng = np.random.default_rng(seed)
+        ids_in = [cfg.bos_token_id, *rng.integers(BYTE_OFFSET + 32, hi, size=prompt_tokens - 1).tolist()]
+
+    ecfg = EngineConfig(
+        max_slots=batch,
+        max_len=len(ids_in) + max_tokens,
+        kv_dtype=kv_dtype,
+        sliding_kv=sliding_kv,
+        chunk_size=min(chunk_size, len(ids_in)),
+    )
+    engine = Engine(cfg, params, ecfg)
+    console.print(
+        f"loaded in {load_s:.1f} s; prompt {len(ids_in)} tokens × batch {batch}, "
+        f"{max_tokens} new tokens; KV {engine.kv_cache_bytes / 1e6:.1f} MB ({kv_dtype}, sliding {sliding_kv}); "
+        f"compute {np.dtype(engine.compute_dtype).name}"
+    )
+    compile_s = engine.warmup()
+    console.print(f"compile (warmup of every bucket program, one run each): {compile_s:.1f} s")
+
+    timing = run_generation(engine, [ids_in] * batch, max_tokens, sampling, ignore_eos=ignore_eos)
+    steps = timing["decode_steps"]
+    console.print(
+        f"prefill: {timing['prefill_s'] * 1e3:.1f} ms for {batch} × {len(ids_in)} tokens "
+        f"({timing['prefill_s'] * 1e3 / batch:.1f} ms per sequence, "
+        f"{batch * len(ids_in) / timing['prefill_s']:.0f} tok/s)"
+    )
+    if steps:
+        console.print(
+            f"decode: {steps} steps in {timing['decode_s'] * 1e3:.1f} ms "
+            f"({timing['decode_s'] * 1e3 / steps:.1f} ms/step median {np.median(timing['step_s']) * 1e3:.1f}), "
+            f"{timing['decode_tokens'] / timing['decode_s']:.1f} tok/s aggregate at batch {batch}"
+        )
+    for out in timing["outputs"]:
+        typer.echo(" ".join(map(str, out)) if ids else tokenizer.decode(out))
+
+
+def run_generation(engine, prompts, max_tokens: int, sampling, *, ignore_eos: bool = False) -> dict:
+    """Prefill every prompt into its own slot (timed as one span), then decode all slots together
+    (timed per step) until each has `max_tokens` tokens or emitted EOS (unless `ignore_eos`).
+
+    Returns outputs (per prompt), prefill_s, decode_s, step_s (list), decode_steps and
+    decode_tokens (tokens produced by decode steps, all slots)."""
+    import time
+
+    import numpy as np
+
+    S, chunk = engine.ecfg.max_slots, engine.ecfg.chunk_size
+    tokens, positions, active = np.zeros(S, np.int32), np.zeros(S, np.int32), np.zeros(S, bool)
+    outputs: list[list[int]] = [[] for _ in prompts]
+    t0 = time.perf_counter()
+    for slot, prompt in enumerate(prompts):
+        for s in range(0, len(prompt), chunk):
+            nxt = engine.prefill(slot, prompt[s : s + chunk], s, sampling if s + chunk >= len(prompt) else None)
+        outputs[slot].append(nxt)
+        tokens[slot], positions[slot] = nxt, len(prompt)
+        active[slot] = max_tokens > 1 and (ignore_eos or nxt not in engine.eos_token_ids)
+    prefill_s = time.perf_counter() - t0
+
+    step_s: list[float] = []
+    decode_tokens = 0
+    while active.any():
+        t = time.perf_counter()
+        nxt = engine.decode(tokens, positions, active)  # numpy: the step has finished
+        step_s.append(time.perf_counter() - t)
+        for slot in np.flatnonzero(active):
+            outputs[slot].append(int(nxt[slot]))
+            decode_tokens += 1
+            tokens[slot], positions[slot] = nxt[slot], positions[slot] + 1
+            done = len(outputs[slot]) >= max_tokens or (not ignore_eos and int(nxt[slot]) in engine.eos_token_ids)
+            active[slot] = not done
+    return {
+        "outputs": outputs,
+        "prefill_s": prefill_s,
+        "decode_s": float(sum(step_s)),
+        "step_s": step_s,
+        "decode_steps": len(step_s),
+        "decode_tokens": decode_tokens,
+    }

@@ -57,6 +57,13 @@ def revalidate(
     timeout: Annotated[
         float | None, typer.Option(help="Seconds allowed per configuration's process. (default: 1800)")
     ] = None,
+    layers: Annotated[
+        str | None,
+        typer.Option(
+            help="Store transformer layers as w4a16, bf16 or f32 instead of the grid's w4a16. "
+            "(default: the grid's on an accelerator; f32 on the CPU, reason printed)"
+        ),
+    ] = None,
     mem_limit_gib: Annotated[
         float | None,
         typer.Option(
@@ -85,6 +92,7 @@ def revalidate(
         "samples": samples,
         "warmup": warmup,
         "seed": seed,
+        "layers": layers,
         "timeout_s": timeout,
         "mem_limit_bytes": int(mem_limit_gib * 2**30) if mem_limit_gib is not None else None,
     }

@@ -181,6 +181,10 @@ class Engine:
         self.last_logits = logits
         return np.asarray(nxt)
 
+    def set_suppress_eos(self, slot: int, on: bool) -> None:
+        """While on, the slot's sampler never picks an EOS id (a request's `min_tokens`)."""
+        self.sampling = self.sampling.with_suppress_eos(slot, on)
+
     def copy_slot(self, src: int, dst: int) -> None:
         self.cache = self._copy(self.cache, jnp.asarray(src, jnp.int32), jnp.asarray(dst, jnp.int32))
 
@@ -236,7 +240,7 @@ def _prefill_step(params, cache, sampling, tokens, start, n_valid, slot, *, cfg,
     logits, rows = forward(params, tokens, start, n_valid, rows, cfg, layout, kv_len=kv_len, compute_dtype=cdt)
     cache = jax.tree_util.tree_map(lambda x, r: jax.lax.dynamic_update_slice_in_dim(x, r, slot, axis=0), cache, rows)
     row_state = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1), sampling)
-    nxt = sample(logits, start + n_valid - 1, row_state)
+    nxt = sample(logits, start + n_valid - 1, row_state, cfg.eos_token_ids)
     return cache, logits[0], nxt[0]
 
 
@@ -244,7 +248,7 @@ def _decode_step(params, cache, sampling, tokens, positions, active, *, cfg, lay
     logits, cache = forward(
         params, tokens[:, None], positions, active.astype(jnp.int32), cache, cfg, layout, kv_len=kv_len, compute_dtype=cdt
     )
-    return cache, logits, sample(logits, positions, sampling)
+    return cache, logits, sample(logits, positions, sampling, cfg.eos_token_ids)
 
 
 def _copy_row(cache, src, dst):

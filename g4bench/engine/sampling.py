@@ -30,6 +30,7 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    suppress_eos: bool = False  # start with EOS ids banned (min_tokens); Engine.set_suppress_eos lifts it
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -48,6 +49,7 @@ class SamplingState:
     top_k: jax.Array  # i32[S]
     top_p: jax.Array  # f32[S]
     seed: jax.Array  # u32[S]
+    suppress_eos: jax.Array  # bool[S]: EOS ids get no probability (min_tokens not yet reached)
 
     @classmethod
     def greedy(cls, slots: int) -> SamplingState:
@@ -56,6 +58,7 @@ class SamplingState:
             top_k=jnp.zeros((slots,), jnp.int32),
             top_p=jnp.ones((slots,), jnp.float32),
             seed=jnp.zeros((slots,), jnp.uint32),
+            suppress_eos=jnp.zeros((slots,), jnp.bool_),
         )
 
     def with_slot(self, slot: int, p: SamplingParams) -> SamplingState:
@@ -64,18 +67,28 @@ class SamplingState:
             top_k=self.top_k.at[slot].set(p.top_k),
             top_p=self.top_p.at[slot].set(p.top_p),
             seed=self.seed.at[slot].set(jnp.uint32(p.seed % (2**32))),
+            suppress_eos=self.suppress_eos.at[slot].set(p.suppress_eos),
         )
+
+    def with_suppress_eos(self, slot: int, on: bool) -> SamplingState:
+        return SamplingState(self.temperature, self.top_k, self.top_p, self.seed, self.suppress_eos.at[slot].set(on))
 
 
 jax.tree_util.register_dataclass(
-    SamplingState, data_fields=["temperature", "top_k", "top_p", "seed"], meta_fields=[]
+    SamplingState, data_fields=["temperature", "top_k", "top_p", "seed", "suppress_eos"], meta_fields=[]
 )
 
 
-def sample(logits: jax.Array, positions: jax.Array, state: SamplingState) -> jax.Array:
+def sample(
+    logits: jax.Array, positions: jax.Array, state: SamplingState, eos_ids: tuple[int, ...] = ()
+) -> jax.Array:
     """Pick one token per row. logits f32[S, V]; positions i32[S] (the position being predicted
-    from, used to derive the key); returns i32[S]."""
+    from, used to derive the key); rows with `suppress_eos` never pick an id in `eos_ids`
+    (a request's min_tokens). Returns i32[S]."""
     logits = logits.astype(jnp.float32)
+    if eos_ids:
+        is_eos = jnp.zeros((logits.shape[-1],), bool).at[jnp.asarray(eos_ids)].set(True)
+        logits = jnp.where(state.suppress_eos[:, None] & is_eos[None, :], -jnp.inf, logits)
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
     k = min(CANDIDATES, logits.shape[-1])

@@ -25,8 +25,8 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
 PRESET_ALIASES = {"e2b": "gemma-4-e2b", "e4b": "gemma-4-e4b", "small": "gemma-4-small"}
 
 KV_DTYPE_BYTES = {"bf16": 2, "int8": 1, "f32": 4}
-# int8 KV keeps one f32 scale per (token, KV head) for K and one for V.
-KV_SCALE_BYTES = 4
+# int8 KV keeps one bf16 scale per (token, KV head) for K and one for V (kv_cache.SCALE_DTYPE).
+KV_SCALE_BYTES = 2
 
 
 class UnsupportedConfigError(ValueError):

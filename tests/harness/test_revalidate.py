@@ -137,10 +137,12 @@ def test_cpu_defaults_are_printed_with_reason():
         CPU_DEFAULTS.warmup,
     )
     assert "15 minutes" in note
+    assert settings.layers == "f32" and "do not fuse" in note
     settings, note = resolve_settings("tpu", model="e2b", batch=None, ctx=None, samples=7, warmup=1)
+    assert settings.layers is None
     assert (settings.batch, settings.ctx, settings.samples) == (32, 8192, 7)
     assert "batch 32, ctx 8192" in note and "samples" not in note
-    _, note = resolve_settings("cpu", model="e2b", batch=1, ctx=2, samples=3, warmup=0)
+    _, note = resolve_settings("cpu", model="e2b", batch=1, ctx=2, samples=3, warmup=0, layers="w4a16")
     assert note is None
 
 
