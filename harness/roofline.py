@@ -24,19 +24,15 @@ step is unrolled over layers (no scan), so cost_analysis covers every layer.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 SLOPE_MIN_RISE = 0.15  # only adjacent points whose step time rises by more than 15% (reference rule)
-CALIBRATION_FRACTIONS = (1 / 96, 1 / 48, 1 / 24)  # buffer sizes as fractions of device memory
-CALIBRATION_REPS = 10
-MATVEC_COLS = 4096
-STEP_TARGET = "harness.roofline:step_child"
-CALIBRATE_TARGET = "harness.roofline:calibrate_child"
-BREAKDOWN_TARGET = "harness.roofline:breakdown_child"
+STEP_TARGET = "harness.roofline_probes:step_child"
+CALIBRATE_TARGET = "harness.roofline_probes:calibrate_child"
+BREAKDOWN_TARGET = "harness.roofline_probes:breakdown_child"
 
 
 class RooflineError(ValueError):
@@ -61,11 +57,18 @@ class RooflineSettings:
 
     def case(self, batch: int, ctx: int) -> dict[str, Any]:
         """The DecodeCase fields of one shape (the engine's donated step, full-length sliding KV)."""
-        return {"model": self.model, "layers": self.layers, "kv_dtype": self.kv_dtype, "batch": batch, "ctx": ctx}
+        return {
+            "model": self.model,
+            "layers": self.layers,
+            "kv_dtype": self.kv_dtype,
+            "batch": batch,
+            "ctx": ctx,
+        }
 
 
 ACCELERATOR_DEFAULTS = dict(
     layers="w4a16",
+    kv_dtype="bf16",
     batches=(32,),
     ctxs=(1024, 2048, 4096, 8192),
     breakdown=False,
@@ -73,13 +76,15 @@ ACCELERATOR_DEFAULTS = dict(
 )
 CPU_DEFAULTS = dict(
     layers="f32",
+    kv_dtype="f32",
     batches=(1,),
     ctxs=(1024, 4096, 8192),
     breakdown=True,
     reason=(
         "CPU: full E2B dimensions with f32 dense layers — W4A16 unpacked inside the step does not fuse "
         "on XLA CPU (~21 ms per 1536×12288 projection vs 2.7 ms dense f32 at batch 1) and bf16 weights "
-        "convert at ~1 GB/s, so only f32 streams at memory speed; batch 1 and three contexts keep the "
+        "convert at ~1 GB/s, so only f32 streams at memory speed; f32 KV for the same reason (attention "
+        "converts a bf16 cache to f32 at ~1 GB/s: --kv bf16 shows it); batch 1 and three contexts keep the "
         "run to a few minutes (a full-E2B f32 child holds ~16 GB, so children run one at a time)"
     ),
 )
@@ -88,13 +93,12 @@ CPU_DEFAULTS = dict(
 def resolve_settings(platform: str | None, requested: dict[str, Any]) -> tuple[RooflineSettings, str | None]:
     """Fill options not given (None) from the platform's defaults; returns (settings, note to print)."""
     defaults = CPU_DEFAULTS if platform in (None, "cpu") else ACCELERATOR_DEFAULTS
-    applied = {k: defaults[k] for k in ("layers", "batches", "ctxs", "breakdown") if requested.get(k) is None}
-    values = {k: requested.get(k) if requested.get(k) is not None else defaults.get(k) for k in applied} | {
-        k: requested[k] for k in ("layers", "batches", "ctxs", "breakdown") if requested.get(k) is not None
-    }
+    keys = ("layers", "kv_dtype", "batches", "ctxs", "breakdown")
+    applied = {k: defaults[k] for k in keys if requested.get(k) is None}
+    values = {k: requested[k] if requested.get(k) is not None else defaults[k] for k in keys}
     settings = RooflineSettings(
         model=requested.get("model") or "e2b",
-        kv_dtype=requested.get("kv_dtype") or "bf16",
+        kv_dtype=values["kv_dtype"],
         samples=requested.get("samples") or 15,
         warmup=requested.get("warmup") if requested.get("warmup") is not None else 2,
         timeout_s=requested.get("timeout_s") or 1800.0,
@@ -148,7 +152,11 @@ def kv_slope(points: Sequence[tuple[int, float, float]], min_rise: float = SLOPE
             used |= {(c0, b0, t0), (c1, b1, t1)}
     out: dict[str, Any] = {"pairs": pairs, "min_rise_pct": 100.0 * min_rise}
     if not used:
-        out |= {"marginal_kv_gb_per_s": None, "intercept_ms": None, "slope_note": _no_slope_note(pts, min_rise)}
+        out |= {
+            "marginal_kv_gb_per_s": None,
+            "intercept_ms": None,
+            "slope_note": _no_slope_note(pts, min_rise),
+        }
         return out
     import numpy as np
 
@@ -157,7 +165,9 @@ def kv_slope(points: Sequence[tuple[int, float, float]], min_rise: float = SLOPE
     slope_ms_per_byte, intercept = np.polyfit(xs, ys, 1)
     out["marginal_kv_gb_per_s"] = 1.0 / (slope_ms_per_byte * 1e-3) / 1e9 if slope_ms_per_byte > 0 else None
     out["intercept_ms"] = float(intercept)
-    out["slope_note"] = f"least squares over {len(used)} points of {sum(p['used'] for p in pairs)} qualifying pair(s)"
+    out["slope_note"] = (
+        f"least squares over {len(used)} points of {sum(p['used'] for p in pairs)} qualifying pair(s)"
+    )
     return out
 
 
@@ -171,101 +181,323 @@ def _no_slope_note(pts: Sequence[tuple[int, float, float]], min_rise: float) -> 
     )
 
 
-# ------------------------------------------------------------------------------------- children
+# ------------------------------------------------------------------------------------- records
 
 
-def _device_memory_bytes() -> int:
-    """Memory the device may hold: the allocator's bytes_limit on an accelerator, RAM on the CPU."""
-    import jax
-    import psutil
+def _base(run_id: str, base_env: dict[str, Any], config: dict[str, Any], result: Any) -> dict[str, Any]:
+    from harness.env import config_hash, merge_device, utc_now
 
-    stats = jax.devices()[0].memory_stats() or {}
-    return int(stats.get("bytes_limit") or psutil.virtual_memory().total)
+    env = merge_device(
+        {**base_env, "config_hash": config_hash(config), "timestamp_utc": utc_now()},
+        (result or {}).get("device"),
+    )
+    return {"run_id": run_id, "env": env, "config": config}
 
 
-def _time_ms(fn: Any, *args: Any, reps: int) -> list[float]:
-    import jax
+def calibration_record(result: dict[str, Any], run_id: str, base_env: dict[str, Any]) -> dict[str, Any]:
+    """The calibration child's result as a record: every kernel, and the best as calibrated_gb_per_s."""
+    from harness.results import make_record
 
-    jax.block_until_ready(fn(*args))
+    base = _base(
+        run_id, base_env, {"fractions": list(result.get("fractions", [])), "reps": result.get("reps")}, result
+    )
+    if "failure" in result:
+        return make_record(
+            "roofline", "calibration", **base, failure=result["failure"], wall_s=result.get("wall_s", 0.0)
+        )
+    best = pick_calibration(result["kernels"])
+    return make_record(
+        "roofline",
+        "calibration",
+        **base,
+        calibrated_gb_per_s=best["gb_per_s_median"],
+        calibration_kernel=best["kernel"],
+        calibration_buffer_bytes=best["buffer_bytes"],
+        calibration_kernels=result["kernels"],
+        device_memory_bytes=int(result["device_memory_bytes"]),
+        wall_s=float(result.get("wall_s", 0.0)),
+    )
+
+
+def step_record(
+    result: dict[str, Any],
+    settings: RooflineSettings,
+    batch: int,
+    ctx: int,
+    calibrated_gb_per_s: float | None,
+    run_id: str,
+    base_env: dict[str, Any],
+) -> dict[str, Any]:
+    """One decode shape: step statistics, the byte model by part, XLA's figures beside it, and the
+    achieved bandwidth and fraction of the calibrated bandwidth."""
+    from g4bench.engine.bench import DecodeCase
+    from g4bench.model.config import load_config
+    from g4bench.model.costs import decode_cost, describe
+    from harness.results import make_record
+    from harness.stats import summarize
+
+    case_fields = settings.case(batch, ctx)
+    config = {**case_fields, "samples": settings.samples, "warmup": settings.warmup, "seed": settings.seed}
+    base = _base(run_id, base_env, config, result)
+    name = f"decode/b{batch}/ctx{ctx}"
+    if "failure" in result:
+        return make_record(
+            "roofline", name, **base, failure=result["failure"], wall_s=result.get("wall_s", 0.0)
+        )
+    case = DecodeCase(**case_fields)
+    cost = decode_cost(
+        load_config(case.model), case.weight_format, case.layout, batch, ctx, donated=case.donate
+    )
+    st = summarize([float(x) for x in result["step_ms_samples"]])
+    achieved = cost.bytes / (st.median * 1e-3) / 1e9
+    xla_bytes = result.get("xla_bytes_accessed")
+    fields = {
+        "batch": batch,
+        "ctx": ctx,
+        "step_ms_median": st.median,
+        "step_ms_q1": st.q1,
+        "step_ms_q3": st.q3,
+        "step_ms_min": st.min,
+        "step_ms_max": st.max,
+        "step_rel_iqr_pct": st.rel_iqr_pct,
+        "n_samples": st.n,
+        "step_ms_samples": [float(x) for x in result["step_ms_samples"]],
+        "agg_tok_per_s": batch * 1000.0 / st.median,
+        **describe(cost),
+        "xla_bytes_accessed": xla_bytes,
+        "xla_flops": result.get("xla_flops"),
+        "xla_over_model_bytes": xla_bytes / cost.bytes if xla_bytes else None,
+        "xla_scope": "whole step: the decode step is unrolled over layers (no scan), so cost_analysis covers every layer",
+        "achieved_gb_per_s": achieved,
+        "weights_bytes": int(result["weights_bytes"]),
+        "kv_bytes": int(result["kv_bytes"]),
+        "compile_s": float(result["compile_s"]),
+        "wall_s": float(result.get("wall_s", 0.0)),
+    }
+    if calibrated_gb_per_s:
+        fields["calibrated_gb_per_s"] = calibrated_gb_per_s
+        fields["fraction_of_calibrated"] = achieved / calibrated_gb_per_s
+    return make_record("roofline", name, **base, **fields)
+
+
+def slope_records(
+    steps: Sequence[dict[str, Any]], run_id: str, base_env: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Per batch with two or more measured contexts: the marginal KV bandwidth (`kv_slope`)."""
+    from harness.results import make_record
+
+    by_batch: dict[int, list[dict[str, Any]]] = {}
+    for r in steps:
+        if "failure" not in r:
+            by_batch.setdefault(r["batch"], []).append(r)
     out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        out.append((time.perf_counter() - t0) * 1e3)
+    for batch, recs in sorted(by_batch.items()):
+        if len(recs) < 2:
+            continue
+        pts = [(r["ctx"], float(r["model_bytes_by_part"]["kv_read"]), r["step_ms_median"]) for r in recs]
+        fit = kv_slope(pts)
+        config = {k: recs[0]["config"][k] for k in ("model", "layers", "kv_dtype")} | {
+            "batch": batch,
+            "ctxs": sorted(r["ctx"] for r in recs),
+        }
+        base = _base(
+            run_id,
+            {
+                **base_env,
+                "platform": recs[0]["env"]["platform"],
+                "device_kind": recs[0]["env"]["device_kind"],
+            },
+            config,
+            None,
+        )
+        out.append(make_record("roofline", f"kv-slope/b{batch}", **base, batch=batch, **fit))
     return out
 
 
-def calibrate_child(payload: dict[str, Any]) -> dict[str, Any]:
-    """Isolated child: stream f32 buffers of several sizes through sum, max, a matvec and a copy.
+def breakdown_record(
+    result: dict[str, Any],
+    step: dict[str, Any] | None,
+    calibrated: float | None,
+    run_id: str,
+    base_env: dict[str, Any],
+) -> dict[str, Any]:
+    """The parts timed alone, multiplied by how often the step runs them, against the whole step."""
+    from harness.results import make_record
 
-    Bytes per call: the buffer for the reductions and the matvec (its vector is negligible), twice
-    the buffer for the copy (read + write). Returns each kernel × size with median and best GB/s."""
-    import jax
-    import jax.numpy as jnp
+    config = dict(step["config"]) if step else {}
+    base = _base(run_id, base_env, config, result)
+    name = f"breakdown/b{config.get('batch')}/ctx{config.get('ctx')}"
+    if "failure" in result:
+        return make_record(
+            "roofline", name, **base, failure=result["failure"], wall_s=result.get("wall_s", 0.0)
+        )
+    parts = []
+    for p in result["parts"]:
+        gbs = p["bytes_each"] / (p["ms_each"] * 1e-3) / 1e9
+        parts.append(
+            p
+            | {
+                "ms_total": p["count"] * p["ms_each"],
+                "gb_per_s": gbs,
+                "fraction_of_calibrated": gbs / calibrated if calibrated else None,
+            }
+        )
+    timed = sum(p["ms_total"] for p in parts)
+    fields: dict[str, Any] = {"parts": parts, "parts_ms_total": timed}
+    if step and "failure" not in step:
+        fields["step_ms_median"] = step["step_ms_median"]
+        fields["rest_ms"] = step["step_ms_median"] - timed
+        fields["rest_note"] = (
+            "attention over the KV cache, norms, RoPE, gathers, KV write, softcap (not timed alone)"
+        )
+    return make_record("roofline", name, **base, **fields)
 
-    from harness.env import device_info
-    from harness.stats import summarize
 
-    memory = _device_memory_bytes()
-    fractions = payload.get("fractions") or CALIBRATION_FRACTIONS
-    reps = int(payload.get("reps", CALIBRATION_REPS))
-    kernels = {
-        "sum": (jax.jit(lambda x: jnp.sum(x)), 1),
-        "max": (jax.jit(lambda x: jnp.max(x)), 1),
-        "matvec": (jax.jit(lambda x, v: x.reshape(-1, MATVEC_COLS) @ v), 1),
-        "copy": (jax.jit(lambda x: x + 1.0), 2),
-    }
-    results = []
-    for frac in fractions:
-        n = max(MATVEC_COLS, int(memory * frac) // 4 // MATVEC_COLS * MATVEC_COLS)
-        x = jax.block_until_ready(jnp.ones((n,), jnp.float32))
-        v = jnp.ones((MATVEC_COLS,), jnp.float32)
-        for name, (fn, factor) in kernels.items():
-            args = (x, v) if name == "matvec" else (x,)
-            st = summarize(_time_ms(fn, *args, reps=reps))
-            moved = factor * x.nbytes
-            results.append(
-                {
-                    "kernel": name,
-                    "buffer_bytes": int(x.nbytes),
-                    "gb_per_s_median": moved / (st.median * 1e-3) / 1e9,
-                    "gb_per_s_best": moved / (st.min * 1e-3) / 1e9,
-                    "rel_iqr_pct": st.rel_iqr_pct,
-                }
+# ------------------------------------------------------------------------------------- the run
+
+
+@dataclass
+class RooflineOutcome:
+    """What a run produced: its folder and records (calibration, steps, slopes, breakdown)."""
+
+    run_dir: Path
+    calibration: dict[str, Any]
+    steps: list[dict[str, Any]]
+    slopes: list[dict[str, Any]]
+    breakdown: dict[str, Any] | None
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return [self.calibration, *self.steps, *self.slopes, *([self.breakdown] if self.breakdown else [])]
+
+    @property
+    def failures(self) -> list[dict[str, Any]]:
+        return [r for r in self.records if "failure" in r]
+
+
+def run_roofline(
+    *,
+    requested: dict[str, Any],
+    out: Path | None,
+    argv: Sequence[str],
+    results_root: Path = Path("results"),
+    console: Any = None,
+) -> RooflineOutcome:
+    """The whole command: probe, settle settings, calibrate, measure each shape, fit slopes, attribute,
+    write the run folder and print the tables. `requested` holds command-line values (None = default):
+    model, layers, kv_dtype, batches, ctxs, samples, warmup, breakdown, timeout_s, mem_limit_bytes."""
+    from rich.console import Console
+
+    from harness.env import host_env, merge_device, probe_device
+    from harness.isolate import run_isolated
+    from harness.results import (
+        append_record,
+        create_run_dir,
+        run_id_of,
+        write_command,
+        write_env,
+        write_summary,
+    )
+    from harness.roofline_report import render
+
+    console = console or Console(stderr=True)
+    device = probe_device()
+    if "failure" in device:
+        f = device["failure"]
+        raise RooflineError(
+            f"could not start jax in a child process ({f['kind']}: {f['detail']})\n{f['stderr_tail']}"
+        )
+    platform = device.get("platform")
+    settings, note = resolve_settings(platform, requested)
+    if note:
+        console.print(f"[yellow]{note}[/yellow]")
+    run_dir = out or create_run_dir(results_root, "roofline")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    run_id = run_id_of(run_dir)
+    base_env = merge_device(host_env(asdict(settings)), device)
+    write_command(run_dir, argv)
+    write_env(run_dir, {**base_env, "settings": asdict(settings)})
+    console.print(
+        f"roofline on {platform} ({device.get('device_kind')}): model {settings.model}, layers {settings.layers}, "
+        f"KV {settings.kv_dtype}, batch {list(settings.batches)}, ctx {list(settings.ctxs)}, {settings.samples} samples, "
+        "one fresh process per shape"
+    )
+
+    def child(target: str, payload: dict[str, Any], log: str) -> dict[str, Any]:
+        return run_isolated(
+            target,
+            payload,
+            timeout_s=settings.timeout_s,
+            mem_limit_bytes=settings.mem_limit_bytes,
+            stderr_log=run_dir / "logs" / f"{log}.log",
+        )
+
+    with console.status("calibrating streaming bandwidth (sum, max, matvec, copy)…"):
+        calibration = calibration_record(child(CALIBRATE_TARGET, {}, "calibration"), run_id, base_env)
+    append_record(run_dir, calibration)
+    calibrated = calibration.get("calibrated_gb_per_s")
+    steps = []
+    for batch in settings.batches:
+        for ctx in settings.ctxs:
+            payload = {
+                "case": settings.case(batch, ctx),
+                "samples": settings.samples,
+                "warmup": settings.warmup,
+                "seed": settings.seed,
+            }
+            with console.status(f"decode step batch {batch} ctx {ctx} (fresh process)…"):
+                rec = step_record(
+                    child(STEP_TARGET, payload, f"decode-b{batch}-ctx{ctx}"),
+                    settings,
+                    batch,
+                    ctx,
+                    calibrated,
+                    run_id,
+                    base_env,
+                )
+            append_record(run_dir, rec)
+            steps.append(rec)
+            console.print(_one_line(rec))
+    slopes = slope_records(steps, run_id, base_env)
+    for rec in slopes:
+        append_record(run_dir, rec)
+    breakdown = None
+    if settings.breakdown:
+        head = headline(steps)
+        shape = head or {"config": settings.case(settings.batches[0], settings.ctxs[-1])}
+        with console.status("timing the step's parts alone (LM head, one layer of each kind, sampler)…"):
+            result = child(
+                BREAKDOWN_TARGET,
+                {"case": settings.case(shape["config"]["batch"], shape["config"]["ctx"])},
+                "breakdown",
             )
-        del x
-    return {"kernels": results, "device_memory_bytes": memory, "device": device_info()}
+        breakdown = breakdown_record(result, head, calibrated, run_id, base_env)
+        append_record(run_dir, breakdown)
+    outcome = RooflineOutcome(
+        run_dir=run_dir, calibration=calibration, steps=steps, slopes=slopes, breakdown=breakdown
+    )
+    write_summary(run_dir, outcome.records)
+    render(outcome, console)
+    console.print(
+        f"results: {run_dir}/ (results.jsonl, summary.csv, env.json, command.txt, logs/); `g4bench plot {run_dir}` draws the bandwidth figure"
+    )
+    return outcome
 
 
-def _xla_cost(compiled: Any) -> dict[str, Any]:
-    """flops and bytes accessed from XLA's cost_analysis (dict, or a list of dicts on older jax)."""
-    try:
-        raw = compiled.cost_analysis()
-    except NotImplementedError:
-        return {"xla_flops": None, "xla_bytes_accessed": None}
-    if isinstance(raw, list | tuple):
-        raw = raw[0] if raw else {}
-    raw = raw or {}
-    flops, accessed = raw.get("flops"), raw.get("bytes accessed")
-    return {
-        "xla_flops": float(flops) if flops is not None and flops >= 0 else None,
-        "xla_bytes_accessed": float(accessed) if accessed is not None and accessed >= 0 else None,
-    }
+def headline(steps: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The shape the run is about: the largest batch, then the longest context, that succeeded."""
+    ok = [r for r in steps if "failure" not in r]
+    return max(ok, key=lambda r: (r["batch"], r["ctx"])) if ok else None
 
 
-def step_child(payload: dict[str, Any]) -> dict[str, Any]:
-    """Isolated child: the engine's decode step for one shape: compile, cost_analysis, time it."""
-    from harness.env import device_info
-    from harness.isolate import configure_jax_cache
-    from harness.revalidate import measure_bench
-
-    configure_jax_cache()
-    from g4bench.engine.bench import DecodeCase, make_decode_bench
-
-    bench = make_decode_bench(DecodeCase(**payload["case"]), seed=int(payload.get("seed", 0)))
-    result = measure_bench(bench, int(payload["samples"]), int(payload["warmup"]))
-    result |= _xla_cost(bench.compiled)
-    result["device"] = device_info()
-    return result
-
-
+def _one_line(rec: dict[str, Any]) -> str:
+    if "failure" in rec:
+        f = rec["failure"]
+        return f"[red]✗ {rec['name']}: {f['kind']} — {f['detail']}[/red]"
+    frac = rec.get("fraction_of_calibrated")
+    shown = f", {frac:.2f} of calibrated" if frac is not None else ""
+    return (
+        f"[green]✓[/green] {rec['name']}: median {rec['step_ms_median']:.1f} ms (rel IQR {rec['step_rel_iqr_pct']:.1f}%), "
+        f"model {rec['model_bytes'] / 1e9:.3f} GB → {rec['achieved_gb_per_s']:.1f} GB/s{shown}, compile {rec['compile_s']:.1f} s"
+    )

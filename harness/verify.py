@@ -66,7 +66,9 @@ class VerifyReport:
     @property
     def passed(self) -> bool:
         """Within tolerance everywhere, and every greedy disagreement is a reference near-tie."""
-        return self.max_err <= self.tolerance and self.agreement + self.near_tie_disagreements == len(self.ours)
+        return self.max_err <= self.tolerance and self.agreement + self.near_tie_disagreements == len(
+            self.ours
+        )
 
 
 def make_prompt(vocab_size: int, length: int, seed: int = 0, bos: int = 2) -> list[int]:
@@ -117,7 +119,12 @@ def ours_logits(
     chunk = chunk_size or P
     max_len = P + decode_steps + 1
     ecfg = EngineConfig(
-        max_slots=1, max_len=max_len, kv_dtype="f32", sliding_kv=sliding_kv, chunk_size=chunk, min_kv_bucket=max_len
+        max_slots=1,
+        max_len=max_len,
+        kv_dtype="f32",
+        sliding_kv=sliding_kv,
+        chunk_size=chunk,
+        min_kv_bucket=max_len,
     )
     engine = Engine(cfg, params, ecfg, compute_dtype=jnp.float32)
     from g4bench.engine.sampling import SamplingParams
@@ -160,7 +167,9 @@ def verify_checkpoint(
 
     cfg = load_config(checkpoint)
     prompt = make_prompt(cfg.vocab_size, prompt_len, seed, cfg.bos_token_id)
-    prefill, decode, ours = ours_logits(checkpoint, prompt, decode_steps, sliding_kv=sliding_kv, chunk_size=chunk_size)
+    prefill, decode, ours = ours_logits(
+        checkpoint, prompt, decode_steps, sliding_kv=sliding_kv, chunk_size=chunk_size
+    )
     ref = hf_logits(checkpoint, [prompt + ours[:-1]], dtype=reference_dtype)[0]  # [P+N, V]
     P = len(prompt)
     chosen = ref[P - 1 :]  # rows g0..gN were chosen from

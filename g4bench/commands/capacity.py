@@ -1,10 +1,81 @@
-"""`g4bench capacity` (placeholder: owned by the issue that builds it; replace whole file)."""
+"""`g4bench capacity`: bisected residency ceilings, run on the local device or compiled for a TPU target.
+
+Thin: maps options onto `harness.capacity_run.run_capacity`; exit 0 when every configuration was
+searched, 1 when some search stopped on a real error (recorded, the run went on), 2 on an
+unusable request.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 
-def capacity() -> None:
-    """Not built yet."""
-    raise typer.Exit(code=2)
+def _split(value: str | None) -> tuple[str, ...] | None:
+    return tuple(v.strip() for v in value.split(",") if v.strip()) if value else None
+
+
+def capacity(
+    ctx: Annotated[int, typer.Option(help="Context length (KV positions) of every sequence.")] = 8192,
+    model: Annotated[str, typer.Option(help="Model: e2b, e4b, a tiny-* preset or a config .json.")] = "e2b",
+    kv: Annotated[str, typer.Option(help="KV dtypes, comma-separated: bf16,int8.")] = "bf16,int8",
+    step: Annotated[str, typer.Option(help="Decode step variants: donated,copying.")] = "donated,copying",
+    ple: Annotated[str, typer.Option(help="PLE table formats: bf16,int8,int4.")] = "bf16",
+    sliding: Annotated[str, typer.Option(help="Sliding-layer KV: full (max_len) and/or ring (window-sized).")] = "full,ring",
+    target: Annotated[
+        str, typer.Option(help="local (run on this device) or a compile target: tpu-v5e, tpu-v6e, tpu-v5p.")
+    ] = "local",
+    layers: Annotated[
+        str | None, typer.Option(help="Layer weight format: w4a16, bf16, f32. (default: w4a16 for TPU; f32 local CPU, printed)")
+    ] = None,
+    prefill: Annotated[
+        str | None,
+        typer.Option(help="Prefill tokens per row per call to size, comma-separated (≥ ctx = one-shot), e.g. 256,8192."),
+    ] = None,
+    tol: Annotated[float, typer.Option(help="Stop when hi − lo ≤ max(1, tol·lo).")] = 0.02,
+    mem_limit_gib: Annotated[
+        float | None, typer.Option(help="Local: address-space cap per probe in GiB. (default: 75% of available RAM, printed)")
+    ] = None,
+    timeout: Annotated[float | None, typer.Option(help="Seconds per probe process. (default: 1800 local, 900 TPU)")] = None,
+    out: Annotated[Path | None, typer.Option(help="Run folder. (default: results/<UTC stamp>-capacity-<target>/)")] = None,
+) -> None:
+    """Find the largest decode batch that fits, by bisection (one fresh process per probe, to within 2%).
+
+    Local: each probe allocates the cache and runs the step under a memory cap; the measured ceiling is printed beside the ceiling predicted by compiling the same step for this device. TPU targets: each probe compiles for the chip's topology on this host (no TPU needed); the compiler's HBM OOM means "does not fit". Prints ceilings with the memory breakdown and step time, predicted ÷ reference (TPU v6e-1 measurements), donated ÷ copying, ring ÷ full, an agent-fleet admission table; writes results.jsonl, summary.csv, admission.csv, plots/ to the run folder.
+    """
+    import sys
+
+    from rich.console import Console
+
+    from harness.capacity_run import CapacityError, run_capacity
+
+    console = Console(stderr=True)
+    requested = {
+        "ctx": ctx,
+        "model": model,
+        "kv": _split(kv),
+        "steps": _split(step),
+        "ple": _split(ple),
+        "sliding": _split(sliding),
+        "target": target,
+        "layers": layers,
+        "prefill_tokens": tuple(int(t) for t in _split(prefill) or ()),
+        "tol": tol,
+        "mem_limit_bytes": int(mem_limit_gib * 2**30) if mem_limit_gib else None,
+        "timeout_s": timeout,
+    }
+    bad = [s for s in requested["steps"] or () if s not in ("donated", "copying")]
+    bad += [s for s in requested["sliding"] or () if s not in ("full", "ring")]
+    if bad:
+        console.print(f"[red]capacity: unknown values {bad}[/red]")
+        raise typer.Exit(code=2)
+    try:
+        outcome = run_capacity(requested, out=out, argv=sys.argv, console=console)
+    except (CapacityError, FileNotFoundError, ValueError) as exc:
+        console.print(f"[red]capacity: {exc}[/red]", soft_wrap=True)
+        raise typer.Exit(code=2) from exc
+    console.print(f"run folder: {outcome.run_dir}", soft_wrap=True)
+    if outcome.errors:
+        raise typer.Exit(code=1)

@@ -1,10 +1,100 @@
-"""`g4bench roofline` (placeholder: owned by the issue that builds it; replace whole file)."""
+"""`g4bench roofline`: the decode step against the device's calibrated streaming bandwidth.
+
+Thin: parses options onto `harness.roofline.run_roofline` and its outcome onto exit codes
+(0 all measured, 1 some child failed (recorded), 2 unusable request).
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 
-def roofline() -> None:
-    """Not built yet."""
-    raise typer.Exit(code=2)
+def _ints(text: str | None, option: str) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError as exc:
+        raise typer.BadParameter(f"{option} takes comma-separated integers, got {text!r}") from exc
+    if not values:
+        raise typer.BadParameter(f"{option} is empty")
+    return values
+
+
+def roofline(
+    model: Annotated[
+        str | None, typer.Option(help="Model: e2b, e4b, a tiny-* preset or a config .json. (default: e2b)")
+    ] = None,
+    batch: Annotated[
+        str | None,
+        typer.Option(
+            help="Batch sizes, comma-separated, e.g. 1,8,32. (default: 32 on an accelerator, 1 on the CPU)"
+        ),
+    ] = None,
+    ctx: Annotated[
+        str | None,
+        typer.Option(
+            help="Contexts, comma-separated; two or more give the marginal KV bandwidth. (default: 1024,2048,4096,8192; CPU 1024,4096,8192)"
+        ),
+    ] = None,
+    kv: Annotated[str | None, typer.Option(help="KV cache dtype: bf16, int8 or f32. (default: bf16)")] = None,
+    layers: Annotated[
+        str | None,
+        typer.Option(
+            help="Layer weight format: w4a16, bf16 or f32. (default: w4a16; f32 on the CPU, printed with why)"
+        ),
+    ] = None,
+    samples: Annotated[
+        int | None, typer.Option(help="Timed steps per shape, each on fresh inputs. (default: 15)")
+    ] = None,
+    warmup: Annotated[int | None, typer.Option(help="Untimed steps before sampling. (default: 2)")] = None,
+    breakdown: Annotated[
+        bool | None,
+        typer.Option(
+            "--breakdown/--no-breakdown",
+            help="Time the step's parts alone to attribute its time. (default: on for the CPU)",
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Run folder. (default: results/<UTC stamp>-roofline/)")
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="Seconds allowed per child process. (default: 1800)")
+    ] = None,
+    mem_limit_gib: Annotated[
+        float | None,
+        typer.Option(
+            help="Cap each child's address space (RLIMIT_AS) in GiB; XLA reserves more than it uses, so be generous."
+        ),
+    ] = None,
+) -> None:
+    """Calibrate streaming bandwidth, then measure the decode step per shape in fresh processes and read it against the byte model (g4bench/model/costs.py): achieved GB/s, fraction of calibrated, XLA's cost_analysis beside the model, and the marginal KV bandwidth from a context slope (only pairs whose time rises > 15%). Writes a run folder with kind "roofline" records; `g4bench plot RUN_DIR` draws the bandwidth figure."""
+    import sys
+
+    from rich.console import Console
+
+    from harness.roofline import RooflineError, run_roofline
+
+    console = Console(stderr=True)
+    requested = {
+        "model": model,
+        "batches": _ints(batch, "--batch"),
+        "ctxs": _ints(ctx, "--ctx"),
+        "kv_dtype": kv,
+        "layers": layers,
+        "samples": samples,
+        "warmup": warmup,
+        "breakdown": breakdown,
+        "timeout_s": timeout,
+        "mem_limit_bytes": int(mem_limit_gib * 2**30) if mem_limit_gib is not None else None,
+    }
+    try:
+        outcome = run_roofline(requested=requested, out=out, argv=sys.argv, console=console)
+    except RooflineError as exc:
+        console.print(f"[red]roofline: {exc}[/red]", soft_wrap=True)
+        raise typer.Exit(code=2) from exc
+    if outcome.failures:
+        raise typer.Exit(code=1)

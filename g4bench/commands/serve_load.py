@@ -2,6 +2,11 @@
 
 Without --url it starts our `g4bench serve` on a free loopback port (model sized for the machine) and
 stops it afterwards, also on Ctrl-C and errors; with --url it benchmarks any OpenAI-compatible server.
+With --engine-baseline (fixed workload, self-started server) the same run also times the engine's bare
+decode step at the server's batch and KV bucket in a fresh child once the server has stopped, and
+prints server decode tok/s (while every stream decodes) ÷ the engine's (harness/load/decode_ratio.py).
+The closing output is three 80-column tables (latency; throughput and goodput; agent tasks with
+prompt tokens computed vs reused), one few-samples line per level, and the run folder.
 Exit codes: 0 done, 1 partial (server died mid-run; results saved), 2 bad setup (server unreachable,
 unknown model, bad options), 130 interrupted (results saved).
 """
@@ -70,6 +75,13 @@ def serve_load(
     ] = 600.0,
     api_key: Annotated[str | None, typer.Option(help="Bearer token for the server.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for synthetic prompts and arrivals.")] = 0,
+    engine_baseline: Annotated[
+        bool,
+        typer.Option(
+            help="Fixed workload, self-started server: after the load, time the engine's bare decode step "
+            "at the server's batch and KV bucket (fresh child) and report server ÷ engine decode tok/s."
+        ),
+    ] = False,
 ) -> None:
     """Measure TTFT, TPOT, ITL, E2E, goodput and agent-task latency against an OpenAI-compatible server."""
     import math
@@ -80,7 +92,7 @@ def serve_load(
 
     from harness.env import host_env
     from harness.load import defaults
-    from harness.load.report import summary_table, write_run
+    from harness.load.report import print_closing, write_run
     from harness.load.runner import LoadConfig, run_load
     from harness.load.server import (
         DEFAULT_ACCEL_MODEL,
@@ -107,6 +119,11 @@ def serve_load(
         raise typer.Exit(2) from None
     if not levels or min(levels) < 1 or (num_requests is not None and duration is not None):
         console.print("[red]need --conc ≥ 1, and at most one of --num-requests / --duration[/red]")
+        raise typer.Exit(2)
+    if engine_baseline and (workload != "fixed" or url is not None):
+        console.print(
+            "[red]--engine-baseline needs --workload fixed and the self-started server (no --url)[/red]"
+        )
         raise typer.Exit(2)
 
     accel = has_accelerator()
@@ -143,8 +160,9 @@ def serve_load(
         if url is None:
             name = model or (DEFAULT_ACCEL_MODEL if accel else DEFAULT_CPU_MODEL)
             port = free_port()
-            cmd = serve_command(name, max(levels), defaults.server_max_len(wl.max_context), port)
-            server_meta |= {"model": name, "command": cmd}
+            max_len = defaults.server_max_len(wl.max_context)
+            cmd = serve_command(name, max(levels), max_len, port)
+            server_meta |= {"model": name, "command": cmd, "max_slots": max(levels), "max_len": max_len}
             console.print(
                 f"  starting server: model {name} ({'accelerator' if accel else 'CPU: small synthetic'}), port {port}"
             )
@@ -176,7 +194,7 @@ def serve_load(
         with LiveProgress(console) as progress:
             result = run_load(cfg, server, progress.level_start, progress.record)
     except ServerError as e:
-        console.print(f"[red]server error:[/red] {e}")
+        console.print(f"[red]server error:[/red] {e}\n  run folder: {run_dir}")
         raise typer.Exit(2) from None
     finally:
         if server is not None:
@@ -186,17 +204,18 @@ def serve_load(
         console.print(f"  {note}")
     meta = {"run_id": run_dir.name, "argv": ["g4bench", *sys.argv[1:]], "model_name": served,
             "server": server_meta, "env": host_env(cfg.workload.__dict__)}  # fmt: skip
+    if engine_baseline and not result.interrupted:
+        from harness.load.decode_ratio import engine_baseline as measure
+        from harness.load.decode_ratio import server_kv_len
+
+        first, last = server_kv_len(max_len, wl.input_len, wl.input_len + wl.output_len - 2)
+        console.print(
+            f"  engine baseline: {name} decode step, batch {max(levels)}, KV bucket {last} "
+            f"(the server's decode steps used {first}..{last}); fresh child, median of 15 steps"
+        )
+        meta["engine_baseline"] = measure(name, max(levels), last) | {"kv_len_first": first}
     summary = write_run(result, run_dir, meta)
-    console.print(summary_table(summary))
-    for lv in summary["levels"]:
-        for w in lv["warnings"]:
-            console.print(f"  [yellow]c={lv['concurrency']}: {w}[/yellow]")
-    cap = summary["capacity"]
-    console.print(
-        f"  capacity: largest concurrency with {cap['basis']} ≥ {cap['attainment_target']:g}: "
-        f"{cap['max_concurrency_at_attainment']}"
-    )
-    console.print(f"  results: {run_dir}")
+    print_closing(console, summary, run_dir)
     if result.interrupted:
         raise typer.Exit(130)
     if result.partial_reason:

@@ -21,7 +21,8 @@ def verify(
         Path | None, typer.Option(help="Checkpoint directory (config.json + *.safetensors)")
     ] = None,
     config: Annotated[
-        str | None, typer.Option(help="Config .json or preset name: synthetic weights in a temporary checkpoint")
+        str | None,
+        typer.Option(help="Config .json or preset name: synthetic weights in a temporary checkpoint"),
     ] = None,
     prompt_len: Annotated[int, typer.Option(help="Prompt tokens (BOS + random ids)")] = 40,
     decode_steps: Annotated[int, typer.Option(help="Greedy decode steps after the prefill")] = 8,
@@ -35,8 +36,9 @@ def verify(
 ) -> None:
     """Compare our engine's logits with transformers' on the same weights; exit 1 beyond tolerance."""
     from rich.console import Console
+    from rich.markup import escape
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     if (checkpoint is None) == (config is None):
         console.print("[red]give exactly one of --checkpoint DIR or --config FILE[/]")
         raise typer.Exit(code=2)
@@ -44,7 +46,9 @@ def verify(
         console.print("[red]--reference-dtype must be float64|float32 and --sliding-kv ring|full[/]")
         raise typer.Exit(code=2)
     if prompt_len < 1 or decode_steps < 0 or tolerance <= 0 or (chunk_size is not None and chunk_size < 1):
-        console.print("[red]--prompt-len and --chunk-size must be >= 1, --decode-steps >= 0, --tolerance > 0[/]")
+        console.print(
+            "[red]--prompt-len and --chunk-size must be >= 1, --decode-steps >= 0, --tolerance > 0[/]"
+        )
         raise typer.Exit(code=2)
 
     from harness.verify import PARITY_INSTALL_HINT, verify_checkpoint, verify_config
@@ -59,14 +63,20 @@ def verify(
         chunk_size=chunk_size,
     )
     try:
-        report = verify_checkpoint(checkpoint, **kwargs) if checkpoint is not None else verify_config(config, **kwargs)
+        report = (
+            verify_checkpoint(checkpoint, **kwargs)
+            if checkpoint is not None
+            else verify_config(config, **kwargs)
+        )
     except ModuleNotFoundError as err:
         if err.name and err.name.split(".")[0] in ("torch", "transformers", "compressed_tensors"):
-            console.print(f"[red]verify needs the `parity` extra ({err.name} is missing):[/] {PARITY_INSTALL_HINT}")
+            console.print(
+                f"[red]verify needs the `parity` extra ({err.name} is missing):[/] {escape(PARITY_INSTALL_HINT)}"
+            )
             raise typer.Exit(code=2) from err
         raise
     except (FileNotFoundError, ValueError) as err:  # bad paths, unsupported configs, checkpoint errors
-        console.print(f"[red]{type(err).__name__}:[/] {err}")
+        console.print(f"[red]{type(err).__name__}:[/] {escape(str(err))}")
         raise typer.Exit(code=2) from err
     _print_report(console, report)
     raise typer.Exit(code=0 if report.passed else 1)
@@ -102,5 +112,6 @@ def _print_report(console, report) -> None:
     verdict = "[green]PASS[/]" if report.passed else "[red]FAIL[/]"
     console.print(
         f"{verdict}: max |Δlogit| {report.max_err:.2e} (tolerance {tol:g}); greedy agreement "
-        f"{report.agreement}/{n}" + (f" ({report.near_tie_disagreements} at near-ties)" if report.near_tie_disagreements else "")
+        f"{report.agreement}/{n}"
+        + (f" ({report.near_tie_disagreements} at near-ties)" if report.near_tie_disagreements else "")
     )

@@ -15,8 +15,14 @@ queue and wakes the engine thread. The engine thread repeats:
 With nothing to do it sleeps on a condition variable. Every sampled token goes to the request's
 `RequestSink.on_token` (in the engine thread; the server turns it into text and hands it to
 asyncio). A request stops on an EOS / stop id (unless `ignore_eos`), when its sink reports a
-completed stop string, or at `max_tokens`; EOS and stop strings count only once more than
-`min_tokens` tokens exist (the engine cannot mask logits, so an early EOS is generated and kept).
+completed stop string, or at `max_tokens`.
+
+`min_tokens` (vLLM's meaning: no EOS among the first `min_tokens` output tokens): a request with
+`min_tokens > 0` starts with the engine's EOS ban on (`SamplingParams.suppress_eos`, which already
+applies to the token sampled at the end of prefill); once `min_tokens` tokens exist the scheduler
+lifts it with one `engine.set_suppress_eos(slot, False)` (a tiny device update, done once, and only
+if the request goes on). Stop ids that are not engine EOS ids (a chat template's end-of-turn id)
+and stop strings cannot be banned; they count only once more than `min_tokens` tokens exist.
 The token that ends a request is never fed back, so a slot's recorded tokens are exactly those
 whose K/V the engine wrote, and a finished conversation stays resident for the next turn.
 
@@ -32,7 +38,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -107,6 +113,7 @@ class _Request:
     reused: int = 0
     admitted: float | None = None
     next_token: int | None = None  # sampled, to be fed by the next decode step
+    suppressing: bool = False  # the engine's EOS ban is on for this request's slot (min_tokens)
     output: list[int] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
 
@@ -310,8 +317,12 @@ class Scheduler:
         assert len(slot.tokens) == req.prefilled, "slot tokens out of step with the prefill cursor"
         chunk = req.prompt[req.prefilled : req.prefilled + self.chunk_size]
         last = req.prefilled + len(chunk) == len(req.prompt)
+        sampling = None
+        if last:
+            req.suppressing = req.params.min_tokens > 0
+            sampling = replace(req.params.sampling, suppress_eos=req.suppressing)
         try:
-            tok = self.engine.prefill(req.slot, chunk, req.prefilled, req.params.sampling if last else None)
+            tok = self.engine.prefill(req.slot, chunk, req.prefilled, sampling)
         except Exception as exc:
             log.exception("prefill failed for request %d", req.id)
             self._finish(req, "error", error=f"prefill failed: {exc}", keep=False)
@@ -339,6 +350,14 @@ class Scheduler:
         elif len(req.output) >= p.max_tokens:
             self._finish(req, "length")
         else:
+            if req.suppressing and len(req.output) >= p.min_tokens:
+                try:
+                    self.engine.set_suppress_eos(req.slot, False)
+                except Exception as exc:
+                    log.exception("lifting the EOS ban failed for request %d", req.id)
+                    self._finish(req, "error", error=f"set_suppress_eos failed: {exc}", keep=False)
+                    return
+                req.suppressing = False
             req.next_token = token
 
     def _finish(self, req: _Request, reason: str, error: str | None = None, keep: bool = True) -> None:

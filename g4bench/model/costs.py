@@ -257,4 +257,3 @@ def describe(cost: StepCost) -> dict[str, Any]:
         "model_flops_by_part": dict(cost.flops_by_part),
         "flop_per_byte": cost.intensity,
     }
-

@@ -5,7 +5,9 @@ OpenAI error body) -> the prompt is tokenized (chat: `ChatFormatter`; completion
 checked against the context length -> `Scheduler.submit` with an `AsyncSink` -> the engine thread
 pushes (token, text delta) events into the request's asyncio.Queue -> this module turns them into
 one JSON response or SSE chunks (role chunk with the first token, content deltas, a finish chunk, an
-optional usage chunk, `data: [DONE]`).
+optional usage chunk, `data: [DONE]`). With `return_token_ids` every sampled token gets its own chunk
+whose `choices[0].token_ids` holds its id (vLLM's form; text may be empty while a stop string or a
+UTF-8 sequence is incomplete), and the first chunk carries `prompt_token_ids`.
 
 The event loop never touches the engine. A watcher task listens for the client's `http.disconnect`
 and cancels the request in the scheduler, which frees the slot at once (streaming or not).
@@ -241,11 +243,13 @@ class _Service:
         self, reply: _Reply, rid: int, sink: AsyncSink, watcher: asyncio.Task
     ) -> AsyncIterator[str]:
         status = "cancelled"
+        with_ids = reply.body.return_token_ids  # then every token gets a chunk carrying its id
         try:
             first = True
             while (event := await sink.queue.get())[0] == "token":
-                if first or event[2]:
-                    yield from_chunks(reply.delta(event[2], first))
+                _, token, text = event
+                if first or text or with_ids:
+                    yield from_chunks(reply.delta(text, first, [token] if with_ids else None))
                 first = False
             _, result, tail = event
             status = result.finish_reason
@@ -258,7 +262,7 @@ class _Service:
             if status == "cancelled":
                 return
             if first or tail:
-                yield from_chunks(reply.delta(tail, first))
+                yield from_chunks(reply.delta(tail, first, [] if with_ids else None))
             yield from_chunks([reply.finish_chunk(result)])
             if reply.body.include_usage:
                 yield from_chunks([reply.usage_chunk(result)])
@@ -306,26 +310,28 @@ class _Reply:
         cls = p.ChatCompletionChunk if self.chat else p.CompletionResponse
         return cls(id=self.id, created=self.created, model=self.model, choices=choices, **extra)
 
-    def delta(self, text: str, first: bool) -> list:
-        """Chat: the role chunk before the first content; completions: a text chunk."""
+    def delta(self, text: str, first: bool, ids: list[int] | None = None) -> list:
+        """Chat: the role chunk before the first content; completions: a text chunk. `ids` (with
+        `return_token_ids`, vLLM's form) are the token ids this chunk adds, possibly none while
+        text is held back; the first chunk also carries the prompt's ids."""
+        prompt_ids = self.prompt if first and self.body.return_token_ids else None
         if not self.chat:
-            return [self._chunk([p.CompletionChoice(text=text)])]
-        chunks = (
-            [self._chunk([p.ChatChunkChoice(delta=p.ChatDelta(role="assistant", content=""))])]
-            if first
-            else []
-        )
-        if text:
-            chunks.append(self._chunk([p.ChatChunkChoice(delta=p.ChatDelta(content=text))]))
+            return [self._chunk([p.CompletionChoice(text=text, token_ids=ids)], prompt_token_ids=prompt_ids)]
+        chunks = []
+        if first:
+            role = p.ChatChunkChoice(delta=p.ChatDelta(role="assistant", content=""))
+            chunks.append(self._chunk([role], prompt_token_ids=prompt_ids))
+        if text or ids is not None:
+            chunks.append(self._chunk([p.ChatChunkChoice(delta=p.ChatDelta(content=text), token_ids=ids)]))
         return chunks
 
     def finish_chunk(self, r: RequestResult):
-        prompt_ids, ids = self._ids(r)
+        """The streamed finish chunk: no new text and no ids (every id rode on its own chunk)."""
         if self.chat:
-            choice: Any = p.ChatChunkChoice(delta=p.ChatDelta(), finish_reason=r.finish_reason, token_ids=ids)
+            choice: Any = p.ChatChunkChoice(delta=p.ChatDelta(), finish_reason=r.finish_reason)
         else:
-            choice = p.CompletionChoice(text="", finish_reason=r.finish_reason, token_ids=ids)
-        return self._chunk([choice], prompt_token_ids=prompt_ids)
+            choice = p.CompletionChoice(text="", finish_reason=r.finish_reason)
+        return self._chunk([choice])
 
     def usage_chunk(self, r: RequestResult):
         return self._chunk([], usage=self._usage(r))

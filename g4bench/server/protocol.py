@@ -5,9 +5,10 @@ ignore) and strictly about known ones: wrong types, n > 1, empty messages and no
 max_tokens fail validation and become a 400 with an OpenAI error body (see app.py).
 
 Extensions beyond OpenAI, named as vLLM names them: `ignore_eos`, `min_tokens`, `top_k`, and
-`return_token_ids` — when true the response (or the streamed finish chunk) carries
-`prompt_token_ids` at the top level and the choice's completion `token_ids`, so a load tester can
-check prefix reuse token by token.
+`return_token_ids` — when true the response carries `prompt_token_ids` at the top level and the
+choice's completion `token_ids`; a stream carries `prompt_token_ids` on its first chunk and each
+chunk's new ids in `choices[0].token_ids`, so a load tester can count tokens per chunk and check
+prefix reuse token by token.
 """
 
 from __future__ import annotations

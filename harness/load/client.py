@@ -16,10 +16,12 @@ output: non-empty `text` (completions), `delta.content`, `delta.reasoning_conten
 neither TTFT nor E2E (send → last output chunk) is stamped on them.
 
 Tokens per chunk, best source first: the chunk's `token_ids` (vLLM's `return_token_ids`: each chunk
-carries its new ids), the growth of a per-chunk `usage.completion_tokens` (vLLM's `continuous_usage_stats`), else
-one token per chunk (marked `chunk_tokens_source="assumed"`; checks.py then compares against usage).
-A server that puts the whole completion's ids on the finish chunk only (empty text, after content
-chunks without ids) gives us the generated ids for the agent history but no per-chunk counts.
+carries its new ids; `g4bench serve` does the same), the growth of a per-chunk
+`usage.completion_tokens` (vLLM's `continuous_usage_stats`), else one token per chunk (marked
+`chunk_tokens_source="assumed"`; checks.py then compares against usage). A chunk with ids but no
+text (a token whose text is held back) is still an output chunk: a token arrived. A server that puts
+the whole completion's ids on the finish chunk only (empty text, after content chunks without ids)
+gives us the generated ids for the agent history but no per-chunk counts.
 """
 
 from __future__ import annotations
@@ -141,7 +143,7 @@ class _StreamState:
                 and not self.ids
                 and self.rec.chunk_times
             ):
-                # the whole completion's ids on the finish chunk (g4bench serve's form), not a delta
+                # the whole completion's ids on the finish chunk only (some servers' form), not a delta
                 self.saw_ids, self.ids = True, [int(i) for i in ids]
                 ids, is_output = None, False
             if isinstance(ids, list):

@@ -23,7 +23,6 @@ concurrency whose attainment stays ≥ the target (0.9) at it and every lower le
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -65,19 +64,36 @@ def percentile_ci(x: np.ndarray, q: float, seed: int = 0) -> tuple[float | None,
     return (lo, hi)
 
 
-def few_samples_warning(name: str, q: float, n: int) -> str | None:
-    """A warning when the q-th percentile of n samples is set by its top sample or two."""
-    need = math.ceil(100 / (100 - q)) if q < 100 else math.inf
-    if q > 50 and n < need:
-        return (
-            f"p{q:g} {name} rests on {n} samples (< {need}): it is the maximum, or interpolated toward it, "
-            "not a tail estimate"
+# Samples below which a percentile is its top sample or two, not a tail estimate.
+FEW_FOR = {90: 10, 99: 100}
+# What one sample of each distribution is (for the warning line).
+SAMPLE_UNITS = {"itl": "gaps", "task_completion": "tasks"}
+
+
+def few_samples_line(few: dict[str, int]) -> str | None:
+    """One warning for a level's distributions whose p90/p99 rest on too few samples, e.g.
+    "few samples: p90/p99 of ttft, tpot, e2el (8 requests), task_completion (2 tasks); p99 of itl
+    (56 gaps) (p90 needs ≥ 10, p99 ≥ 100: read them as maxima)". `few`: name -> sample count."""
+    by_pct: dict[str, dict[tuple[int, str], list[str]]] = defaultdict(lambda: defaultdict(list))
+    for name, n in few.items():
+        bad = "/".join(f"p{q}" for q, need in FEW_FOR.items() if n < need)
+        if bad:
+            by_pct[bad][(n, SAMPLE_UNITS.get(name, "requests"))].append(name)
+    if not by_pct:
+        return None
+    parts = []
+    for pcts in sorted(by_pct, key=len, reverse=True):
+        groups = sorted(by_pct[pcts].items(), key=lambda g: -g[0][0])
+        parts.append(
+            f"{pcts} of " + ", ".join(f"{', '.join(names)} ({n} {unit})" for (n, unit), names in groups)
         )
-    return None
+    need = ", ".join(f"p{q} needs ≥ {n}" for q, n in FEW_FOR.items())
+    return f"few samples: {'; '.join(parts)} ({need}: read them as maxima)"
 
 
-def distribution(name: str, values: Sequence[float], warnings: list[str], seed: int = 0) -> dict[str, Any]:
-    """mean/median/std/p90/p99 `_{name}_ms` with `_ci95` intervals; appends few-sample warnings."""
+def distribution(name: str, values: Sequence[float], few: dict[str, int], seed: int = 0) -> dict[str, Any]:
+    """mean/median/std/p90/p99 `_{name}_ms` with `_ci95` intervals; records the sample count in
+    `few` when a tail percentile rests on too few samples (see `few_samples_line`)."""
     x = np.asarray(values, dtype=float)
     out: dict[str, Any] = {f"n_{name}": int(len(x))}
     if len(x) == 0:
@@ -90,8 +106,8 @@ def distribution(name: str, values: Sequence[float], warnings: list[str], seed: 
         key = "median" if q == 50 else f"p{q}"
         out[f"{key}_{name}_ms"] = float(np.percentile(x, q))
         out[f"{key}_{name}_ms_ci95_lo"], out[f"{key}_{name}_ms_ci95_hi"] = percentile_ci(x, q, seed=seed)
-        if (w := few_samples_warning(name, q, len(x))) is not None:
-            warnings.append(w)
+    if len(x) < max(FEW_FOR.values()):
+        few[name] = int(len(x))
     return out
 
 
@@ -106,7 +122,7 @@ def is_good(r: RequestRecord, slo: SLO) -> bool:
 def summarize_requests(records: Sequence[RequestRecord], duration_s: float, slo: SLO) -> dict[str, Any]:
     """One load level's vLLM-style summary over its request records."""
     ok = [r for r in records if r.ok]
-    warnings: list[str] = []
+    few: dict[str, int] = {}
     n_in = sum((r.prompt_tokens if r.prompt_tokens is not None else (r.input_len or 0)) for r in ok)
     n_out = sum(r.output_tokens for r in ok)
     good = sum(is_good(r, slo) for r in records)
@@ -127,12 +143,12 @@ def summarize_requests(records: Sequence[RequestRecord], duration_s: float, slo:
         "total_token_throughput": (n_in + n_out) / duration_s if duration_s > 0 else None,
         "mean_tokens_per_chunk": (sum(r.streamed_tokens for r in ok) / chunks) if chunks else None,
     }
-    out |= distribution("ttft", [v for r in ok if (v := ttft_ms(r)) is not None], warnings)
-    out |= distribution("tpot", [v for r in ok if (v := tpot_ms(r)) is not None], warnings)
-    out |= distribution("itl", [g for r in ok for g in itls_ms(r)], warnings)
-    out |= distribution("e2el", [v for r in ok if (v := e2el_ms(r)) is not None], warnings)
-    out |= distribution("client_queue", [r.queue_s * 1e3 for r in records], warnings)
-    out["warnings"] = warnings
+    out |= distribution("ttft", [v for r in ok if (v := ttft_ms(r)) is not None], few)
+    out |= distribution("tpot", [v for r in ok if (v := tpot_ms(r)) is not None], few)
+    out |= distribution("itl", [g for r in ok for g in itls_ms(r)], few)
+    out |= distribution("e2el", [v for r in ok if (v := e2el_ms(r)) is not None], few)
+    out |= distribution("client_queue", [r.queue_s * 1e3 for r in records], few)
+    out["few_samples"] = few
     return out
 
 
@@ -209,7 +225,7 @@ def task_table(records: Sequence[RequestRecord], turns: int, slo: SLO) -> list[d
 
 def summarize_tasks(tasks: Sequence[dict[str, Any]], duration_s: float) -> dict[str, Any]:
     """Task completion percentiles, task goodput and task SLO attainment."""
-    warnings: list[str] = []
+    few: dict[str, int] = {}
     good = sum(t["good"] for t in tasks)
     out = {
         "tasks": len(tasks),
@@ -220,8 +236,8 @@ def summarize_tasks(tasks: Sequence[dict[str, Any]], duration_s: float) -> dict[
         "task_slo_attainment": good / len(tasks) if tasks else None,
     }
     done = [t["completion_ms"] for t in tasks if t["completion_ms"] is not None]
-    out |= distribution("task_completion", done, warnings)
-    out["task_warnings"] = warnings
+    out |= distribution("task_completion", done, few)
+    out["task_few_samples"] = few
     return out
 
 
@@ -238,6 +254,65 @@ def ttft_vs_uncached(records: Sequence[RequestRecord]) -> dict[str, Any]:
     ss_tot = float(((y - y.mean()) ** 2).sum())
     r2 = 1 - float((resid**2).sum()) / ss_tot if ss_tot > 0 else None
     return out | {"ms_per_uncached_token": float(slope), "intercept_ms": float(icept), "r2": r2}
+
+
+def _new_prompt_tokens(prev: RequestRecord | None, cur: RequestRecord) -> int | None:
+    """Tokens of `cur`'s prompt that were not in the previous turn's prompt + reply: exact from ids
+    when both are known, else from usage counts; a first turn (or one after a gap) is all new."""
+    if cur.prompt_tokens is None:
+        return None
+    if prev is None:
+        return cur.prompt_tokens
+    if prev.prompt_ids is not None and prev.output_ids is not None and cur.prompt_ids is not None:
+        seen = prev.prompt_ids + prev.output_ids
+        n = min(len(seen), len(cur.prompt_ids))
+        shared = next((i for i in range(n) if seen[i] != cur.prompt_ids[i]), n)
+        return len(cur.prompt_ids) - shared
+    if prev.prompt_tokens is None:
+        return cur.prompt_tokens
+    return max(0, cur.prompt_tokens - prev.prompt_tokens - prev.output_tokens)
+
+
+def prefix_reuse(records: Sequence[RequestRecord], turn_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Agent turns (issue 5): prompt tokens the server computed vs reused, and two ratios.
+
+    computed = Σ (prompt_tokens − cached_tokens) from usage; new = Σ tokens of each turn's prompt
+    that were not in the previous turn's prompt + reply (the tool result and template tokens; a
+    task's first turn counts whole). `computed_over_new_prompt_tokens` is 1 for a server that
+    computes only new tokens (ours recomputes one more per turn: the reply's last token, which it
+    never fed back); `ttft_last_turn_over_first` compares the per-turn median TTFTs of the last and
+    the first turn (`turn_rows` from `by_turn`)."""
+    tasks: dict[int, list[RequestRecord]] = defaultdict(list)
+    for r in records:
+        if r.task_id is not None and r.turn is not None and r.ok:
+            tasks[r.task_id].append(r)
+    prompt = cached = new = 0
+    known = True
+    for rs in tasks.values():
+        rs.sort(key=lambda r: r.turn)
+        prev = None
+        for r in rs:
+            n_new = _new_prompt_tokens(prev if prev is not None and r.turn == prev.turn + 1 else None, r)
+            if n_new is None or r.cached_tokens is None:
+                known = False
+            else:
+                prompt, cached, new = prompt + r.prompt_tokens, cached + r.cached_tokens, new + n_new
+            prev = r
+    rows = [t for t in turn_rows if t.get("median_ttft_ms")]
+    first, last = (rows[0], rows[-1]) if len(rows) >= 2 else (None, None)
+    return {
+        "prompt_tokens_total": prompt if known else None,
+        "prompt_tokens_reused": cached if known else None,
+        "prompt_tokens_computed": prompt - cached if known else None,
+        "new_prompt_tokens": new if known else None,
+        "computed_over_new_prompt_tokens": (prompt - cached) / new if known and new else None,
+        "ttft_first_turn_ms": first["median_ttft_ms"] if first else None,
+        "ttft_last_turn_ms": last["median_ttft_ms"] if last else None,
+        "ttft_last_turn": last["turn"] if last else None,
+        "ttft_last_turn_over_first": last["median_ttft_ms"] / first["median_ttft_ms"]
+        if first and last
+        else None,
+    }
 
 
 def max_concurrency_at_attainment(

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.load import checks, metrics
+from harness.load.decode_ratio import GOAL, compare, decode_window
 from harness.load.runner import LevelResult, RunResult
 
 # Fields the gate compares by default (direction of "better").
@@ -52,15 +53,18 @@ def level_summary(level: LevelResult, result: RunResult) -> dict[str, Any]:
         "partial": level.partial_reason is not None,
     }
     out |= metrics.summarize_requests(recs, level.duration_s, cfg.slo)
+    out |= decode_window(recs, level.concurrency)
     block, _ = checks.run_checks(recs)
     out["checks"] = block
-    out["warnings"] = out["warnings"] + checks.check_warnings(block)
     if cfg.workload.kind != "fixed":
         tasks = metrics.task_table(recs, cfg.workload.turns_per_task, cfg.slo)
         out |= metrics.summarize_tasks(tasks, level.duration_s)
-        out["warnings"] += out.pop("task_warnings")
+        out["few_samples"] |= out.pop("task_few_samples")
         out["by_turn"] = metrics.by_turn(recs)
         out["ttft_vs_uncached"] = metrics.ttft_vs_uncached(recs)
+        out |= metrics.prefix_reuse(recs, out["by_turn"])
+    few = metrics.few_samples_line(out["few_samples"])
+    out["warnings"] = ([few] if few else []) + checks.check_warnings(block)
     return out
 
 
@@ -94,12 +98,21 @@ def build_summary(result: RunResult, meta: dict[str, Any]) -> dict[str, Any]:
         "env": meta.get("env"),
         "ttft_definition": "send -> first chunk with generated output (role-only chunks excluded)",
     }
+    baseline = meta.get("engine_baseline")
+    if baseline is not None and "failure" not in baseline:
+        for lv in levels:
+            block = compare(lv, baseline)
+            lv["engine_decode_tok_per_s"] = block["engine_tok_per_s"]
+            lv["server_over_engine_decode"] = block["ratio"]
     capacity = {
         "max_concurrency_at_attainment": cap,
         "attainment_target": cfg.slo.attainment_target,
         "basis": att_key,
     }
-    return _clean({"run": run, "levels": levels, "capacity": capacity})
+    out = {"run": run, "levels": levels, "capacity": capacity}
+    if baseline is not None:
+        out["engine_baseline"] = baseline
+    return _clean(out)
 
 
 def request_rows(result: RunResult) -> list[dict[str, Any]]:
@@ -128,7 +141,7 @@ def level_record(
     from harness.results import make_record
 
     run = summary["run"]
-    skip = {"checks", "by_turn", "ttft_vs_uncached", "warnings", "failed_by_kind"}
+    skip = {"checks", "by_turn", "ttft_vs_uncached", "warnings", "failed_by_kind", "few_samples"}
     fields = {k: v for k, v in level.items() if k not in skip and not isinstance(v, dict | list)}
     fit = level.get("ttft_vs_uncached") or {}
     fields["ttft_ms_per_uncached_token"] = fit.get("ms_per_uncached_token")
@@ -173,42 +186,103 @@ def write_run(result: RunResult, out: Path, meta: dict[str, Any]) -> dict[str, A
     return summary
 
 
-def summary_table(summary: dict[str, Any]) -> Any:
-    """A rich Table of the per-level headline numbers (the closing note's table)."""
+def _fmt(v: Any, nd: int | None = None) -> str:
+    """A table cell: "—" for missing; floats with `nd` decimals, or 0 at ≥ 100 and 1 below."""
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:.{nd if nd is not None else (0 if abs(v) >= 100 else 1)}f}"
+    return str(v)
+
+
+def _table(title: str, cols: list[str], rows: list[list[str]]) -> Any:
+    from rich import box
     from rich.table import Table
 
-    def f(v: Any, nd: int = 1) -> str:
-        return "—" if v is None else f"{v:.{nd}f}" if isinstance(v, float) else str(v)
-
-    agent = summary["run"]["workload"]["kind"] != "fixed"
-    t = Table(title=f"serve-load · {summary['run']['workload']['kind']} · {summary['run']['model_name']}")
-    cols = [
-        "conc",
-        "done/fail",
-        "TTFT p50",
-        "TTFT p99",
-        "TPOT p50",
-        "ITL p50",
-        "E2E p50",
-        "out tok/s",
-        "goodput/s",
-        "attain",
-    ]
-    if agent:
-        cols += ["task p50 s", "task attain", "ms/uncached tok"]
+    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
     for c in cols:
-        t.add_column(c, justify="right")
-    for lv in summary["levels"]:
-        row = [
-            str(lv["concurrency"]), f"{lv['completed']}/{lv['failed']}",
-            f(lv.get("median_ttft_ms")), f(lv.get("p99_ttft_ms")), f(lv.get("median_tpot_ms"), 2),
-            f(lv.get("median_itl_ms"), 2), f(lv.get("median_e2el_ms")), f(lv.get("output_throughput")),
-            f(lv.get("request_goodput"), 3), f(lv.get("slo_attainment"), 2),
-        ]  # fmt: skip
-        if agent:
-            done = lv.get("median_task_completion_ms")
-            fit = lv.get("ttft_vs_uncached") or {}
-            row += [f(done / 1e3 if done is not None else None, 2), f(lv.get("task_slo_attainment"), 2),
-                    f(fit.get("ms_per_uncached_token"), 3)]  # fmt: skip
+        t.add_column(c, justify="right", no_wrap=True)
+    for row in rows:
         t.add_row(*row)
     return t
+
+
+def summary_tables(summary: dict[str, Any]) -> list[Any]:
+    """The closing note's tables, each narrow enough for an 80-column terminal: latency
+    percentiles (ms), throughput and goodput, and for agent runs the task and prefix-cache view."""
+    run, levels = summary["run"], summary["levels"]
+    head = f"serve-load · {run['workload']['kind']} · {run['model_name']}"
+    lat = []
+    for lv in levels:
+        row = [str(lv["concurrency"])]
+        for m in ("ttft", "tpot", "itl", "e2el"):
+            row += [_fmt(lv.get(f"median_{m}_ms")), _fmt(lv.get(f"p99_{m}_ms"))]
+        lat.append(row)
+    cols = ["conc", "TTFT\np50", "\np99", "TPOT\np50", "\np99", "ITL\np50", "\np99", "E2E\np50", "\np99"]
+    tables = [_table(f"{head} · latency (ms)", cols, lat)]
+    thr = [[str(lv["concurrency"]), f"{lv['completed']}/{lv['failed']}", _fmt(lv.get("output_throughput")),
+            _fmt(lv.get("decode_tok_per_s_all_streams")), _fmt(lv.get("request_goodput"), 3),
+            _fmt(lv.get("slo_attainment"), 2)] for lv in levels]  # fmt: skip
+    cols = ["conc", "done/\nfailed", "output\ntok/s", "decode\ntok/s*", "goodput\nreq/s", "SLO\nattain"]
+    tables.append(_table("throughput (* while every stream decodes)", cols, thr))
+    if run["workload"]["kind"] != "fixed":
+        agent = []
+        for lv in levels:
+            done = lv.get("median_task_completion_ms")
+            fit = lv.get("ttft_vs_uncached") or {}
+            agent.append([
+                str(lv["concurrency"]), _fmt(done / 1e3 if done is not None else None, 1),
+                _fmt(lv.get("task_slo_attainment"), 2), _fmt(lv.get("prompt_tokens_computed")),
+                _fmt(lv.get("prompt_tokens_reused")), _fmt(lv.get("computed_over_new_prompt_tokens"), 2),
+                _fmt(lv.get("ttft_last_turn_over_first"), 2), _fmt(fit.get("ms_per_uncached_token"), 2),
+            ])  # fmt: skip
+        cols = ["conc", "task\np50 s", "task\nSLO", "prompt\ncomputed", "prompt\nreused", "comp.\n÷ new",
+                "TTFT\nlast÷1st", "TTFT ms/\nuncached"]  # fmt: skip
+        tables.append(_table("agent tasks; prompt tokens computed vs reused (prefix cache)", cols, agent))
+    return tables
+
+
+def print_closing(console: Any, summary: dict[str, Any], run_dir: Path) -> None:
+    """The end of a serve-load run on stderr: tables, one warning line per level and check, the
+    agent ratios, the engine-baseline ratio, capacity, and the run folder last."""
+    for t in summary_tables(summary):
+        console.print(t)
+    for lv in summary["levels"]:
+        c = lv["concurrency"]
+        for w in lv["warnings"]:
+            console.print(f"  [yellow]c={c}: {w}[/yellow]")
+        if (
+            lv.get("computed_over_new_prompt_tokens") is not None
+            or lv.get("ttft_last_turn_over_first") is not None
+        ):
+            console.print(
+                f"  c={c}: prompt tokens computed {_fmt(lv.get('prompt_tokens_computed'))} "
+                f"vs reused {_fmt(lv.get('prompt_tokens_reused'))}; computed ÷ new "
+                f"{_fmt(lv.get('computed_over_new_prompt_tokens'), 3)} (new {_fmt(lv.get('new_prompt_tokens'))}); "
+                f"TTFT turn {lv.get('ttft_last_turn')} ÷ turn 0 = {_fmt(lv.get('ttft_last_turn_over_first'), 2)} "
+                f"({_fmt(lv.get('ttft_last_turn_ms'))} / {_fmt(lv.get('ttft_first_turn_ms'))} ms)"
+            )
+    base = summary.get("engine_baseline")
+    if base is not None and "failure" in base:
+        console.print(
+            f"  [red]engine baseline failed:[/red] {base['failure'].get('kind')}: {base['failure'].get('detail')}"
+        )
+    elif base is not None:
+        case = base.get("case", {})
+        console.print(
+            f"  engine decode step ({base.get('case_name')}, batch {case.get('batch')}, KV {case.get('ctx')}): "
+            f"median {_fmt(base['step_ms_median'], 2)} ms of {len(base['step_ms_samples'])}"
+        )
+        for lv in summary["levels"]:
+            console.print(
+                f"  c={lv['concurrency']}: server decode {_fmt(lv.get('decode_tok_per_s_all_streams'))} tok/s "
+                f"(window {_fmt(lv.get('decode_window_s'), 2)} s, {lv.get('decode_window_tokens')} tokens) ÷ engine "
+                f"{_fmt(lv.get('engine_decode_tok_per_s'))} tok/s = {_fmt(lv.get('server_over_engine_decode'), 3)} "
+                f"(goal ≥ {GOAL:g})"
+            )
+    cap = summary["capacity"]
+    console.print(
+        f"  capacity: largest concurrency with {cap['basis']} ≥ {cap['attainment_target']:g}: "
+        f"{cap['max_concurrency_at_attainment']}"
+    )
+    console.print(f"  run folder: {run_dir}")

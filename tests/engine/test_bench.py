@@ -13,11 +13,14 @@ from g4bench.model.params import tree_bytes
 
 
 @pytest.mark.parametrize(
-    ("model", "kv_dtype", "sliding_kv"), [("e2b", "bf16", "full"), ("e2b", "int8", "ring"), ("e4b", "bf16", "ring")]
+    ("model", "kv_dtype", "sliding_kv"),
+    [("e2b", "bf16", "full"), ("e2b", "int8", "ring"), ("e4b", "bf16", "ring")],
 )
 def test_decode_step_shapes_at_full_size(model, kv_dtype, sliding_kv):
     batch, ctx = 4, 2048
-    bench = make_decode_bench(DecodeCase(model=model, kv_dtype=kv_dtype, sliding_kv=sliding_kv, batch=batch, ctx=ctx))
+    bench = make_decode_bench(
+        DecodeCase(model=model, kv_dtype=kv_dtype, sliding_kv=sliding_kv, batch=batch, ctx=ctx)
+    )
     args = bench.abstract_args()
     cache, logits, nxt = jax.eval_shape(bench.step_fn, *args)
     V = bench.cfg.vocab_size

@@ -239,15 +239,41 @@ def test_stop_conditions(make):
     res = s.wait()
     assert res.finish_reason == "length" and len(res.output_ids) == len(ref) + 5
     assert res.output_ids[: len(ref)] == ref
-    # min_tokens past the EOS position behaves like ignore_eos until then.
-    s = Collect()
-    sched.submit(p, GenerationParams(max_tokens=len(ref) + 5, min_tokens=len(ref)), s)
-    assert len(s.wait().output_ids) > len(ref)
     # A stop string reported by the sink ends the request at that token.
     s = Collect(stop_at=2)
     sched.submit(prompt_of(17, 3), GenerationParams(max_tokens=9, ignore_eos=True), s)
     assert s.wait().finish_reason == "stop" and len(s.result.output_ids) == 2
     assert engine.violations == []
+
+
+def test_min_tokens_bans_eos_then_lifts_the_ban_once(make):
+    engine, sched = make(eos_mod=4, max_slots=2)
+    p, q = prompt_of(16, 10), prompt_of(18, 9)
+    ref_p, ref_q = reference(p, 50, eos_mod=4), reference(q, 50, eos_mod=4)
+    assert ref_p[-1] == EOS and ref_q[-1] == EOS
+    k = len(ref_p) + 2  # the greedy EOS would come before k tokens: the ban must change the output
+    a, b = Collect(), Collect()
+    # b (no min_tokens) joins a's batch: the ban is per slot, b still stops at its own EOS.
+    a.on_count[1] = lambda: sched.submit(q, GenerationParams(max_tokens=50), b)
+    sched.submit(p, GenerationParams(max_tokens=k + 30, min_tokens=k), a)
+    res = a.wait()
+    want = reference(p, k + 30, eos_mod=4, min_tokens=k)
+    assert res.output_ids == want and EOS not in want[:k]
+    assert b.wait().output_ids == ref_q and b.result.finish_reason == "stop"
+    lifts = [c for c in engine.calls if c[0] == "suppress"]
+    assert lifts == [("suppress", res_slot(sched, p), False)]
+    # The first token already comes from a banned prefill: min_tokens=1 changes a first-token EOS.
+    first_eos = next(pp for i in range(200) if reference(pp := prompt_of(100 + i, 7), 1, eos_mod=4) == [EOS])
+    s = Collect()
+    sched.submit(first_eos, GenerationParams(max_tokens=3, min_tokens=1), s)
+    assert s.wait().output_ids == reference(first_eos, 3, eos_mod=4, min_tokens=1)
+    assert s.result.output_ids[0] != EOS
+    assert engine.violations == []
+
+
+def res_slot(sched, prompt) -> int:
+    """The slot whose resident tokens start with `prompt`."""
+    return next(i for i, sl in enumerate(sched.table.slots) if sl.tokens[: len(prompt)] == list(prompt))
 
 
 def test_sampled_requests_are_batch_independent(make):

@@ -43,15 +43,59 @@ def test_summary_goodput_attainment_and_failures() -> None:
     assert s["median_ttft_ms"] == pytest.approx(100.0)
     assert s["p90_ttft_ms"] == pytest.approx(float(np.percentile([100] * 6 + [500] * 3, 90)))
     assert s["failed_by_kind"] == {"connection": 1}
-    assert any("p99 ttft rests on 9 samples" in w for w in s["warnings"])
+    assert s["few_samples"]["ttft"] == 9 and s["few_samples"]["client_queue"] == 10
     assert s["median_ttft_ms_ci95_lo"] <= s["median_ttft_ms"] <= s["median_ttft_ms_ci95_hi"]
 
 
-def test_few_samples_warning_thresholds() -> None:
-    assert metrics.few_samples_warning("ttft", 99, 99) is not None
-    assert metrics.few_samples_warning("ttft", 99, 100) is None
-    assert metrics.few_samples_warning("ttft", 90, 9) is not None
-    assert metrics.few_samples_warning("ttft", 50, 1) is None
+def test_few_samples_one_line_per_level() -> None:
+    line = metrics.few_samples_line({"ttft": 8, "tpot": 8, "itl": 56, "task_completion": 2, "e2el": 100})
+    assert line == (
+        "few samples: p90/p99 of ttft, tpot (8 requests), task_completion (2 tasks); p99 of itl (56 gaps) "
+        "(p90 needs ≥ 10, p99 needs ≥ 100: read them as maxima)"
+    )
+    assert metrics.few_samples_line({"ttft": 100}) is None
+    assert metrics.few_samples_line({"ttft": 99}) == (
+        "few samples: p99 of ttft (99 requests) (p90 needs ≥ 10, p99 needs ≥ 100: read them as maxima)"
+    )
+
+
+def test_prefix_reuse_ratios_exact() -> None:
+    """Two 3-turn tasks; each turn adds a reply of 2 and a tool result of 4 tokens; the server
+    reuses everything but the reply's last token (as ours does)."""
+    rs = []
+    for task in range(2):
+        ids = [10 + task] * 6
+        for turn in range(3):
+            r = rec(f"t{task}-{turn}", [0.1 * (turn + 1), 0.5], [1, 1], task_id=task, turn=turn)
+            r.prompt_ids, r.output_ids = list(ids), [50 + turn, 60 + turn]
+            r.prompt_tokens = len(ids)
+            r.cached_tokens = 0 if turn == 0 else len(ids) - 4 - 1
+            rs.append(r)
+            ids = ids + r.output_ids + [70 + turn] * 4
+    out = metrics.prefix_reuse(rs, metrics.by_turn(rs))
+    # prompts 6, 12, 18 per task; new 6, 4, 4; computed 6, 5, 5
+    assert (out["prompt_tokens_total"], out["new_prompt_tokens"], out["prompt_tokens_computed"]) == (72, 28, 32)
+    assert out["prompt_tokens_reused"] == 40
+    assert out["computed_over_new_prompt_tokens"] == pytest.approx(32 / 28)
+    assert out["ttft_last_turn_over_first"] == pytest.approx(3.0) and out["ttft_last_turn"] == 2
+    # Without ids the usage counts give the same new-token count.
+    for r in rs:
+        r.prompt_ids = r.output_ids = None
+    assert metrics.prefix_reuse(rs, [])["new_prompt_tokens"] == 28
+
+
+def test_decode_window_counts_only_all_streams_decoding() -> None:
+    from harness.load.decode_ratio import decode_window
+
+    # Stream a: tokens at 1.0 (first) then every 0.1 s to 2.0; stream b: first at 1.45, then to 2.5.
+    a = rec("a", [1.0 + 0.1 * i for i in range(11)], [1] * 11)
+    b = rec("b", [1.45 + 0.1 * i for i in range(11)], [1] * 11)
+    out = decode_window([a, b], conc=2)
+    # Window (1.45, 2.0]: a's tokens at 1.5..2.0 (6) and b's at 1.55..1.95 (5); b's first is prefill.
+    assert out["decode_windows"] == 1 and out["decode_window_s"] == pytest.approx(0.55)
+    assert out["decode_window_tokens"] == 11
+    assert out["decode_tok_per_s_all_streams"] == pytest.approx(11 / 0.55)
+    assert decode_window([a], conc=2)["decode_tok_per_s_all_streams"] is None
 
 
 def test_tasks_turns_fit_and_capacity() -> None:

@@ -8,11 +8,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from scripted_server import MODEL, Script, ThreadServer
 
 from harness.load import metrics
 from harness.load.runner import LoadConfig, run_load
 from harness.load.workloads import WorkloadConfig
+from tests.load.scripted_server import MODEL, Script, ThreadServer
 
 openai = pytest.importorskip("openai")
 N, CONC = 12, 2

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from scripted_server import MODEL, Script, ThreadServer
 from typer.testing import CliRunner
 
 from harness.load import report
@@ -24,6 +23,7 @@ from harness.load.runner import LoadConfig, run_load
 from harness.load.server import ManagedServer, ServerError, check_server, free_port
 from harness.load.slo import SLO
 from harness.load.workloads import WorkloadConfig
+from tests.load.scripted_server import MODEL, Script, ThreadServer
 
 TOL_MS = 8.0
 HERE = Path(__file__).resolve().parent

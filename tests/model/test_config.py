@@ -21,7 +21,12 @@ def test_nested_text_config_equals_flat():
 
 def test_e2b_derived_values():
     cfg = load_config("e2b")
-    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_key_value_heads, cfg.sliding_window) == (35, 1536, 1, 512)
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_key_value_heads, cfg.sliding_window) == (
+        35,
+        1536,
+        1,
+        512,
+    )
     assert cfg.first_kv_shared_layer == 15
     assert cfg.kv_layers == tuple(range(15))
     full = [i for i in range(35) if cfg.is_full(i)]
@@ -60,10 +65,18 @@ def test_global_head_dim_from_per_layer_config():
         ({"enable_moe_block": True}, "enable_moe_block"),
         ({"attention_k_eq_v": True}, "attention_k_eq_v"),
         (
-            {"rope_parameters": {SLIDING: {"rope_type": "default"}, FULL: {"rope_type": "yarn", "factor": 8.0}}},
+            {
+                "rope_parameters": {
+                    SLIDING: {"rope_type": "default"},
+                    FULL: {"rope_type": "yarn", "factor": 8.0},
+                }
+            },
             "rope_type",
         ),
-        ({"rope_parameters": {SLIDING: {"rope_type": "linear"}, FULL: {"rope_type": "default"}}}, "rope_type"),
+        (
+            {"rope_parameters": {SLIDING: {"rope_type": "linear"}, FULL: {"rope_type": "default"}}},
+            "rope_type",
+        ),
         ({"hidden_activation": "relu"}, "hidden_activation"),
         ({"tie_word_embeddings": False}, "tie_word_embeddings"),
     ],

@@ -41,10 +41,13 @@ class FakeEngineConfig:
     donate: bool = True
 
 
-def next_token(ids: Sequence[int], sampling: SamplingParams | None = None, eos_mod: int = 0) -> int:
-    """The fake model: the token that follows `ids` (the whole sequence so far)."""
+def next_token(
+    ids: Sequence[int], sampling: SamplingParams | None = None, eos_mod: int = 0, suppress_eos: bool = False
+) -> int:
+    """The fake model: the token that follows `ids` (the whole sequence so far). With `suppress_eos`
+    (the engine's EOS ban, min_tokens) the EOS branch is skipped and the ordinary token comes out."""
     total, n = sum(ids), len(ids)
-    if eos_mod and (total * 7 + n) % eos_mod == 0:
+    if eos_mod and not suppress_eos and (total * 7 + n) % eos_mod == 0:
         return EOS
     h = total * 31 + n
     if sampling is not None and sampling.temperature > 0:
@@ -52,11 +55,14 @@ def next_token(ids: Sequence[int], sampling: SamplingParams | None = None, eos_m
     return 3 + 32 + h % 95
 
 
-def reference(prompt: Sequence[int], max_tokens: int, eos_mod: int = 0, stop_ids=(EOS,)) -> list[int]:
-    """What one request alone must produce (greedy; stops after an EOS)."""
+def reference(
+    prompt: Sequence[int], max_tokens: int, eos_mod: int = 0, stop_ids=(EOS,), min_tokens: int = 0
+) -> list[int]:
+    """What one request alone must produce (greedy; no EOS among the first `min_tokens` tokens;
+    stops after an EOS)."""
     ids, out = list(prompt), []
     while len(out) < max_tokens:
-        tok = next_token(ids, None, eos_mod)
+        tok = next_token(ids, None, eos_mod, suppress_eos=len(out) < min_tokens)
         out.append(tok)
         if tok in stop_ids:
             break
@@ -88,10 +94,11 @@ class FakeEngine:
         self.poison_token = poison_token
         self.kv: list[list[int]] = [[] for _ in range(max_slots)]
         self.sampling: list[SamplingParams | None] = [None] * max_slots
+        self.suppress: list[bool] = [False] * max_slots  # EOS banned for the slot (min_tokens)
         self.violations: list[str] = []
         self.calls: list[
             tuple
-        ] = []  # ("prefill", slot, start, n) | ("decode", n_active) | ("copy", src, dst)
+        ] = []  # ("prefill", slot, start, n) | ("decode", n_active) | ("copy", src, dst) | ("suppress", slot, on)
         self.warmup_gate: threading.Event | None = None
         self.decode_error: Exception | None = None  # raised once by the next decode
 
@@ -122,7 +129,8 @@ class FakeEngine:
         if sampling is None:
             return None
         self.sampling[slot] = sampling
-        return next_token(kv, sampling, self.eos_mod)
+        self.suppress[slot] = sampling.suppress_eos
+        return next_token(kv, sampling, self.eos_mod, self.suppress[slot])
 
     def decode(self, tokens: np.ndarray, positions: np.ndarray, active: np.ndarray) -> np.ndarray:
         self.calls.append(("decode", int(np.sum(active))))
@@ -141,8 +149,12 @@ class FakeEngine:
             if pos >= self.ecfg.max_len:
                 self.violations.append(f"decode past max_len in slot {slot}")
             kv.append(int(tokens[slot]))
-            out[slot] = next_token(kv, self.sampling[slot], self.eos_mod)
+            out[slot] = next_token(kv, self.sampling[slot], self.eos_mod, self.suppress[slot])
         return out
+
+    def set_suppress_eos(self, slot: int, on: bool) -> None:
+        self.calls.append(("suppress", slot, on))
+        self.suppress[slot] = on
 
     def copy_slot(self, src: int, dst: int) -> None:
         self.calls.append(("copy", src, dst))

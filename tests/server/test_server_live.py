@@ -135,3 +135,30 @@ def test_garbage_on_the_wire_does_not_hurt(served):
         s.recv(1024)
     r = client.completions.create(model="fake", prompt="ok", max_tokens=2)
     assert r.usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
+def test_load_client_counts_per_chunk_token_ids(served, endpoint):
+    """serve-load's client against our stream: one id per chunk (vLLM's form), counted exactly,
+    also while a stop string holds text back (chunks with ids but no text)."""
+    import asyncio
+    import time
+
+    from harness.load.client import RequestSpec, stream_request
+
+    base, client, engine, sched = served
+    body = {"model": "fake", "max_tokens": 12, "temperature": 0, "return_token_ids": True, "stop": ["~~~"]}
+    body |= {"prompt": "count me"} if endpoint == "/v1/completions" else {"messages": [{"role": "user", "content": "count me"}]}  # fmt: skip
+    whole = httpx.post(base + endpoint, json=body, timeout=DEADLINE_S).json()
+
+    async def go():
+        async with httpx.AsyncClient() as c:
+            spec = RequestSpec(endpoint, body, request_id="x")
+            return await stream_request(
+                c, base, spec, t0=time.perf_counter(), scheduled_s=0.0, timeout_s=DEADLINE_S
+            )
+
+    rec = asyncio.run(go())
+    assert rec.ok and rec.chunk_tokens_source == "token_ids"
+    assert rec.output_ids == whole["choices"][0]["token_ids"] and rec.completion_tokens == len(rec.output_ids)
+    assert sum(rec.chunk_tokens) == rec.completion_tokens and set(rec.chunk_tokens) <= {0, 1}

@@ -199,7 +199,36 @@ def test_http_stream_equals_non_stream_and_alone(full_engine):
             assert lines[-1] == "[DONE]"
             text = "".join(ch["choices"][0]["text"] for ch in chunks)
             assert text == whole["choices"][0]["text"]
-            assert chunks[-1]["choices"][0]["token_ids"] == whole["choices"][0]["token_ids"]
+            streamed_ids = [i for ch in chunks for i in ch["choices"][0].get("token_ids", [])]
+            assert streamed_ids == whole["choices"][0]["token_ids"]
+            assert chunks[0]["prompt_token_ids"] == whole["prompt_token_ids"]
     finally:
         sched.stop()
     assert whole["choices"][0]["token_ids"] == run_alone(full_engine, tok.encode(body["prompt"]), 24)
+
+
+def test_min_tokens_bans_a_greedy_eos_on_the_real_engine(params_and_cfg, full_engine):
+    """Make the 3rd greedy token the EOS id (a config whose eos id is that argmax): without
+    min_tokens the request stops there; with min_tokens=6 none of the first 6 tokens is EOS, the
+    tokens before the ban bites are unchanged, and the ban is lifted once 6 tokens exist."""
+    import dataclasses
+
+    cfg, params = params_and_cfg
+    prompt = prompt_of(50, 24)
+    out = run_alone(full_engine, prompt, 8)
+    eos = out[2]
+    assert eos not in out[:2]
+    engine = engine_mod.Engine(dataclasses.replace(cfg, eos_token_ids=(eos,)), params, full_engine.ecfg)
+    sched = Scheduler(engine, warmup=False).start()
+    try:
+        plain, banned = Collect(), Collect()
+        sched.submit(prompt, GenerationParams(max_tokens=8), plain)
+        assert plain.wait().output_ids == out[:3] and plain.result.finish_reason == "stop"
+        sched.submit(prompt, GenerationParams(max_tokens=10, min_tokens=6), banned)
+        res = banned.wait()
+    finally:
+        sched.stop()
+    assert eos not in res.output_ids[:6] and res.output_ids[:2] == out[:2]
+    assert len(res.output_ids) >= 7
+    slot = next(i for i, s in enumerate(sched.table.slots) if s.tokens[:24] == prompt)
+    assert not bool(engine.sampling.suppress_eos[slot])  # lifted after 6 tokens

@@ -1,0 +1,183 @@
+"""Capacity tables (rich, stderr), the reference comparison, and the capacity-frontier figure.
+
+Data flow: `render_ceilings(ceiling records, admission rows, settings)` prints
+
+- the ceilings: max batch, resident KV tokens, the compiled memory breakdown at the ceiling
+  (weights, KV, temporaries, logits/outputs, peak vs limit) and the step time beside it
+  (measured locally; for a TPU target the bytes-moved roofline, with XLA's own figure shown only
+  when it passed the sanity check), and predicted ÷ measured against the reference engine's
+  bisected ceilings (configs/baselines/jax-reference-capacity-v6e1.csv, TPU v6e-1);
+- donated ÷ copying and ring ÷ full ceiling ratios; for a local run, measured ÷ compiled-predicted;
+- prefill budgets (batch × prompt tokens per call);
+- the agent-fleet admission table (harness/admission.py).
+
+`plot_capacity` (registered for kind "capacity" with harness.plots) draws max agents against
+context per agent for each KV dtype and sliding mode, with the fleet grid marked fit / no fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.plots import register_plotter, save
+
+BASELINE = "jax-reference-capacity-v6e1"
+GB = 1e9
+
+
+def reference_ceilings() -> dict[tuple[str, bool, int], int]:
+    """(kv dtype, donated, ctx) → max batch measured by the reference engine on TPU v6e-1."""
+    from harness.results import load_baseline
+
+    df = load_baseline(BASELINE)
+    return {(r.kv_dtype, bool(r.donate), int(r.ctx)): int(r.max_batch) for r in df.itertuples()}
+
+
+def _gb(v: Any) -> str:
+    return "—" if v is None else f"{v / GB:.2f}"
+
+
+def _step(c: dict[str, Any]) -> str:
+    if "step_ms_median" in c:
+        return f"{c['step_ms_median']:.0f} ms measured"
+    parts = []
+    if "roofline_step_ms" in c:
+        parts.append(f"{c['roofline_step_ms']:.1f} ms roofline")
+    if "xla_optimal_s" in c:
+        t = c["xla_optimal_s"] * 1e3
+        parts.append(f"XLA {t:.1f} ms" if c.get("xla_time_plausible") else f"XLA {t:.3g} ms [red](implausible)[/red]")
+    return ", ".join(parts) or "—"
+
+
+def _is_reference_config(cfg: dict[str, Any]) -> bool:
+    return cfg["target"] == "tpu-v6e" and cfg["layers"] == "w4a16" and cfg["ple"] == "bf16" and cfg["sliding_kv"] == "full"
+
+
+def ceilings_table(ceilings: Sequence[dict[str, Any]], title: str) -> Any:
+    from rich.table import Table
+
+    refs = reference_ceilings()
+    t = Table(title=title, title_justify="left")
+    for col in ("program / kv / step / sliding / ple", "max B", "KV tokens", "weights", "KV", "temps", "peak",
+                "limit", "step time at ceiling", "ref B", "pred ÷ ref"):  # fmt: skip
+        t.add_column(col, justify="left" if col.startswith("program") else "right")
+    for c in ceilings:
+        cfg = c["config"]
+        step = "donated" if cfg["donate"] else "copying"
+        prog = c["name"].split("/")[0]
+        label = f"{prog} / {cfg['kv_dtype']} / {step} / {cfg['sliding_kv']} / {cfg['ple']}"
+        if "failure" in c:
+            t.add_row(label, "[red]error[/red]", *[""] * 9)
+            continue
+        ref = refs.get((cfg["kv_dtype"], bool(cfg["donate"]), int(cfg["ctx"]))) if _is_reference_config(cfg) and prog == "decode" else None
+        ratio = f"{c['max_batch'] / ref:.3f}" if ref else "—"
+        peak = c.get("host_vm_peak_bytes") if cfg["target"] == "local" else c.get("peak_bytes")
+        tokens = f"{c['kv_tokens']:,}" + ("" if prog == "decode" else " (B×T)")
+        t.add_row(label, f"{c['max_batch']}", tokens, _gb(c.get("weights_bytes")), _gb(c.get("kv_bytes")),
+                  _gb(c.get("temp_bytes")), _gb(peak), _gb(c.get("limit_bytes")), _step(c), str(ref or "—"), ratio)  # fmt: skip
+    return t
+
+
+def ratio_lines(ceilings: Sequence[dict[str, Any]]) -> list[str]:
+    """donated ÷ copying and ring ÷ full ceiling ratios between matching decode configurations."""
+    dec = {
+        (c["config"]["kv_dtype"], c["config"]["donate"], c["config"]["sliding_kv"], c["config"]["ple"]): c["max_batch"]
+        for c in ceilings
+        if c["config"]["program"] == "decode" and "max_batch" in c
+    }
+    out = []
+    for (kv, don, sl, ple), b in sorted(dec.items()):
+        if don and dec.get((kv, False, sl, ple)):
+            out.append(f"donated ÷ copying, kv {kv}, sliding {sl}, ple {ple}: {b} ÷ {dec[(kv, False, sl, ple)]} = {b / dec[(kv, False, sl, ple)]:.3f}")
+    for (kv, don, sl, ple), b in sorted(dec.items()):
+        if sl == "ring" and dec.get((kv, don, "full", ple)):
+            step = "donated" if don else "copying"
+            out.append(f"ring ÷ full sliding KV, kv {kv}, {step}: {b} ÷ {dec[(kv, don, 'full', ple)]} = {b / dec[(kv, don, 'full', ple)]:.2f}")
+    return out
+
+
+def local_lines(ceilings: Sequence[dict[str, Any]]) -> list[str]:
+    out = []
+    for c in ceilings:
+        if c["config"]["target"] != "local" or "predicted_max_batch" not in c:
+            if "prediction_error" in c:
+                out.append(f"{c['name']}: compiled prediction failed: {c['prediction_error']}")
+            continue
+        m, p = c["max_batch"], c["predicted_max_batch"]
+        ratio = f"{m / p:.3f}" if p else ("1.000 (both 0)" if m == 0 else "∞")
+        out.append(
+            f"{c['name']}: measured ceiling {m} vs compiled prediction {p} (measured ÷ predicted {ratio}); "
+            f"prediction = (cap {c['limit_bytes'] / 2**30:.2f} GiB − runtime {c['runtime_vm_bytes'] / 2**30:.2f} GiB − "
+            f"fixed {c['predicted_fixed_bytes'] / GB:.2f} GB) ÷ {c['predicted_per_seq_bytes'] / 1e6:.0f} MB per sequence"
+        )
+    return out
+
+
+def admission_table(rows: Sequence[dict[str, Any]]) -> Any:
+    from rich.table import Table
+
+    ctxs = sorted({r["agent_ctx"] for r in rows})
+    t = Table(title="agent-fleet admission (✓ fits / ✗ does not; headroom GB, % of limit)", title_justify="left")
+    t.add_column("kv / sliding")
+    t.add_column("agents", justify="right")
+    for c in ctxs:
+        t.add_column(f"{c // 1024}K ctx", justify="right")
+    keys = sorted({(r["kv_dtype"], r["sliding_kv"], r["agents"]) for r in rows})
+    cell = {(r["kv_dtype"], r["sliding_kv"], r["agents"], r["agent_ctx"]): r for r in rows}
+    for kv, sl, n in keys:
+        vals = []
+        for c in ctxs:
+            r = cell[(kv, sl, n, c)]
+            mark = "[green]✓[/green]" if r["fits"] else "[red]✗[/red]"
+            vals.append(f"{mark} {r['headroom_bytes'] / GB:+.2f} ({r['headroom_pct']:+.0f}%)")
+        t.add_row(f"{kv} / {sl}", str(n), *vals)
+    maxrow = {}
+    for r in rows:
+        maxrow[(r["kv_dtype"], r["sliding_kv"], r["agent_ctx"])] = r["max_agents"]
+    for kv, sl in sorted({(k[0], k[1]) for k in maxrow}):
+        t.add_row(f"{kv} / {sl}", "max", *[str(maxrow[(kv, sl, c)]) for c in ctxs], style="bold")
+    return t
+
+
+def render_ceilings(ceilings: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], settings: Any, console: Any) -> None:
+    where = "compiled for " + settings.target if settings.target != "local" else "measured on the local device"
+    console.print(ceilings_table(ceilings, f"capacity ceilings, {settings.model}, ctx {settings.ctx}, {where}"))
+    for line in ratio_lines(ceilings) + local_lines(ceilings):
+        console.print(line, soft_wrap=True)
+    for c in ceilings:
+        if c.get("xla_cost_notes"):
+            console.print(f"[dim]{c['name']}: XLA cost figures not used: {c['xla_cost_notes']}[/dim]", soft_wrap=True)
+    if rows:
+        console.print(admission_table(rows))
+
+
+@register_plotter("capacity")
+def plot_capacity(records: Sequence[dict[str, Any]], out_dir: Path, console: Any) -> list[Path]:
+    """Capacity frontier: max agents vs context per agent, per KV dtype × sliding, fleet grid marked."""
+    from harness.plots import _pyplot
+
+    rows = [r for r in records if r.get("record") == "admission"]
+    if not rows:
+        console.print("[dim]no admission records; capacity frontier skipped[/dim]")
+        return []
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    series: dict[tuple[str, str], dict[int, int]] = {}
+    for r in rows:
+        series.setdefault((r["config"]["kv_dtype"], r["config"]["sliding_kv"]), {})[r["config"]["agent_ctx"]] = r["max_agents"]
+    for (kv, sl), pts in sorted(series.items()):
+        xs = sorted(pts)
+        ax.plot(xs, [max(pts[x], 0.5) for x in xs], marker="o", ls="-" if sl == "ring" else "--", label=f"KV {kv}, sliding {sl}")
+    for r in rows:
+        c = r["config"]
+        ax.scatter(c["agent_ctx"], c["agents"], marker="s", s=30, color="tab:green" if r["fits"] else "tab:red", alpha=0.35, zorder=0)
+    env = rows[0]["env"]
+    ax.set(xscale="log", yscale="log", xlabel="context per agent (tokens)", ylabel="max concurrent agents (sequences)")
+    ax.set_xticks(sorted({r["config"]["agent_ctx"] for r in rows}), [f"{x // 1024}K" for x in sorted({r["config"]["agent_ctx"] for r in rows})])
+    ax.set_title(f"capacity frontier: {rows[0]['config']['model']} on {rows[0]['config']['target']} ({env.get('device_kind') or env.get('platform')})\n"
+                 "squares: fleet grid (green fits, red does not)", fontsize=9)  # fmt: skip
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return save(fig, Path(out_dir), "capacity_frontier")

@@ -1,0 +1,168 @@
+"""A capacity run: settings → run folder → one search per configuration → tables, CSV, plot.
+
+Data flow::
+
+    resolve_settings(requested)  limit (local: a stated fraction of available RAM, also the
+                                 children's RLIMIT_AS; TPU: the device's usable HBM, corrected by
+                                 the compiler's own figure once an OOM message states it)
+    create_run_dir · write_command · write_env(settings)
+    for each configuration (harness.capacity.configurations):
+        Driver.run(estimate)  → probe records appended as they happen, then a ceiling record
+        local decode: local_prediction() → the compiled prediction beside the measured ceiling
+    admission table (harness/admission.py) → admission records + admission.csv
+    write_summary · render tables (harness/capacity_report.py) · plots/capacity_frontier.png
+
+A configuration whose search stops on a real error (ProbeError) is recorded as a failure and the
+run goes on; `CapacityOutcome.errors` lists them (exit 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.capacity import CapacityConfig, Driver, Settings, ceiling_fields, configurations, estimate_batch
+from harness.capacity import local_prediction
+from harness.capacity_search import ProbeError
+
+DEFAULT_RAM_FRACTION = 0.75
+COMPILE_CHILD_CAP = 8 * 2**30  # a deviceless E2B compile peaks near 2.2 GiB of address space
+LOCAL_LAYERS = "f32"
+
+
+class CapacityError(ValueError):
+    """An unusable request (unknown target, nothing to run); exit code 2."""
+
+
+@dataclass
+class CapacityOutcome:
+    run_dir: Path
+    ceilings: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def resolve_settings(req: dict[str, Any], console: Any) -> Settings:
+    """Fill defaults and print every choice that was not given explicitly."""
+    import psutil
+
+    from harness.hardware import load_hardware
+
+    target = req.get("target") or "local"
+    local = target == "local"
+    timeout = req.get("timeout_s") or (1800.0 if local else 900.0)
+    if local:
+        avail = psutil.virtual_memory().available
+        if req.get("mem_limit_bytes"):
+            limit, source = int(req["mem_limit_bytes"]), "--mem-limit-gib"
+        else:
+            limit = int(avail * DEFAULT_RAM_FRACTION)
+            source = f"{DEFAULT_RAM_FRACTION:.0%} of available RAM ({avail / 2**30:.1f} GiB, psutil)"
+        if limit > avail:
+            raise CapacityError(f"memory cap {limit / 2**30:.1f} GiB exceeds available RAM {avail / 2**30:.1f} GiB")
+        console.print(f"local probes: address-space cap (RLIMIT_AS) {limit / 2**30:.2f} GiB per child = {source}")
+        layers = req.get("layers") or LOCAL_LAYERS
+        if not req.get("layers"):
+            console.print(
+                "local CPU weight format: layers f32, PLE bf16, embed f32 — the engine's CPU default "
+                "(g4bench.engine.loading.default_format). Compiled for this CPU it also has the smallest "
+                "footprint: W4A16 and bf16 layers are converted at use and XLA's CPU buffer assignment keeps "
+                "every layer's f32 copy live (temps 9.5-11.5 GB at batch 1-8 vs 1.2 GB for f32)."
+            )
+        mem_cap = limit
+    else:
+        hw = load_hardware(target)
+        if not hw.aot_topology:
+            raise CapacityError(f"{target} has no aot_topology; compile targets: tpu-v5e, tpu-v6e, tpu-v5p")
+        usable = hw.value("usable_hbm_bytes")
+        limit = int(usable or hw.value("hbm_bytes") or 0)
+        fig = hw.figures["usable_hbm_bytes" if usable else "hbm_bytes"]
+        source = f"{hw.name}: {'usable' if usable else 'nameplate (usable unknown)'} HBM — {fig.source}"
+        console.print(f"limit {limit / 2**30:.2f} GiB: {source}; the compiler's own limit is read from its OOM messages")
+        layers = req.get("layers") or "w4a16"
+        mem_cap = COMPILE_CHILD_CAP
+    return Settings(
+        model=req.get("model") or "e2b",
+        ctx=int(req.get("ctx") or 8192),
+        target=target,
+        kv=tuple(req.get("kv") or ("bf16", "int8")),
+        steps=tuple(req.get("steps") or ("donated", "copying")),
+        ple=tuple(req.get("ple") or ("bf16",)),
+        sliding=tuple(req.get("sliding") or ("full", "ring")),
+        layers=layers,
+        compute=req.get("compute"),
+        limit_bytes=limit,
+        limit_source=source,
+        mem_limit_bytes=mem_cap,
+        timeout_s=float(timeout),
+        tol=float(req.get("tol") if req.get("tol") is not None else 0.02),
+        prefill_tokens=tuple(req.get("prefill_tokens") or ()),
+    )
+
+
+def run_capacity(req: dict[str, Any], *, out: Path | None, argv: list[str], console: Any) -> CapacityOutcome:
+    import psutil
+
+    from harness.admission import admission_rows, write_admission_csv
+    from harness.capacity_report import plot_capacity, render_ceilings
+    from harness.env import host_env, merge_device
+    from harness.hardware import load_hardware
+    from harness.results import append_record, create_run_dir, make_record, run_id_of, write_command, write_env
+    from harness.results import write_summary
+
+    s = resolve_settings(req, console)
+    run_dir = Path(out) if out else create_run_dir(Path("results"), f"capacity-{s.target}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    write_command(run_dir, argv)
+    env = host_env(asdict(s))
+    write_env(run_dir, {**env, "settings": asdict(s)})
+    run_id = run_id_of(run_dir)
+    hw = load_hardware("cpu" if s.target == "local" else s.target)
+    outcome = CapacityOutcome(run_dir)
+    records: list[dict[str, Any]] = []
+
+    def record(name: str, config: dict[str, Any], fields: dict[str, Any], device: Any = None) -> dict[str, Any]:
+        rec = make_record("capacity", name, run_id=run_id, env=merge_device(env, device), config=config, **fields)
+        append_record(run_dir, rec)
+        records.append(rec)
+        return rec
+
+    configs = configurations(s)
+    console.print(f"run folder {run_dir}; {len(configs)} configurations; tolerance {s.tol:.0%}")
+    for i, cfg in enumerate(configs, 1):
+        if s.target == "local":
+            avail = psutil.virtual_memory().available
+            if avail < s.limit_bytes * 1.05:
+                msg = f"{cfg.name}: only {avail / 2**30:.1f} GiB available now, below the cap; not probing (would endanger the machine)"
+                outcome.errors.append(msg)
+                console.print(f"[red]{msg}[/red]")
+                continue
+        est = estimate_batch(cfg.case, cfg.program, s.limit_bytes, cfg.tokens)
+        console.print(f"[bold]{i}/{len(configs)} {cfg.name}[/bold]: arithmetic estimate {est}")
+        drv = Driver(cfg, s.limit_bytes, s.timeout_s, s.mem_limit_bytes, record, console.print, run_dir / "logs")
+        try:
+            search = drv.run(est, s.tol)
+        except ProbeError as exc:
+            outcome.errors.append(str(exc))
+            console.print(f"[red]{exc}[/red]", soft_wrap=True)
+            continue
+        fields = ceiling_fields(cfg, search, s.limit_bytes, hw)
+        if s.target == "local" and cfg.program == "decode":
+            top = max(2, search.lo or est)
+            console.print(f"  compiled prediction: compiling (not running) at batch 1 and {top}")
+            fields.update(local_prediction(cfg, s, (1, top), run_dir / "logs"))
+        dev = search.ceiling_probe.result.get("device") if search.ceiling_probe else None
+        outcome.ceilings.append(record(cfg.name, cfg.config(), fields, dev))
+    rows = admission_rows(outcome.ceilings, s)
+    for row in rows:
+        record(f"admission/{row['kv_dtype']}/sliding-{row['sliding_kv']}/agents{row['agents']}/ctx{row['agent_ctx']}",
+               {k: row[k] for k in ("kv_dtype", "sliding_kv", "agents", "agent_ctx", "model", "target")},
+               {"record": "admission", **{k: v for k, v in row.items() if k not in ("kv_dtype", "sliding_kv", "agents", "agent_ctx", "model", "target")}})  # fmt: skip
+    write_admission_csv(run_dir / "admission.csv", rows)
+    write_summary(run_dir, records)
+    render_ceilings(outcome.ceilings, rows, s, console)
+    paths = plot_capacity(records, run_dir / "plots", console)
+    for p in paths:
+        console.print(f"wrote {p}", soft_wrap=True)
+    return outcome
