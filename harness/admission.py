@@ -38,14 +38,20 @@ def row_bytes(model: str, kv_dtype: str, sliding: str, ctx: int) -> int:
     from g4bench.model.config import load_config
     from g4bench.model.kv_cache import CacheLayout, cache_bytes
 
-    return cache_bytes(load_config(model), 1, CacheLayout(max_len=ctx, kv_dtype=kv_dtype, ring=sliding == "ring"))
+    return cache_bytes(
+        load_config(model), 1, CacheLayout(max_len=ctx, kv_dtype=kv_dtype, ring=sliding == "ring")
+    )
 
 
 def overhead_of(ceiling: dict[str, Any]) -> int | None:
     """Non-KV bytes of a donated decode ceiling record (None when it did not fit at batch 1)."""
     if not ceiling.get("max_batch") or "kv_bytes" not in ceiling:
         return None
-    peak = ceiling.get("host_vm_peak_bytes") if ceiling["config"]["target"] == "local" else ceiling.get("peak_bytes")
+    peak = (
+        ceiling.get("host_vm_peak_bytes")
+        if ceiling["config"]["target"] == "local"
+        else ceiling.get("peak_bytes")
+    )
     return None if peak is None else int(peak) - int(ceiling["kv_bytes"])
 
 

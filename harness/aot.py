@@ -34,11 +34,17 @@ import re
 import resource
 import time
 from dataclasses import fields as dc_fields
+from pathlib import Path
 from typing import Any
 
 COMPILE_TARGET = "harness.aot:compile_child"
-TPU_CHILD_ENV = {"TPU_SKIP_MDS_QUERY": "1", "JAX_PLATFORMS": "cpu"}
-_OOM_RE = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)")
+# libtpu takes /tmp/libtpu_lockfile even for compile-only devices, so without the last variable a
+# second compiling process (a test, another run) fails with "Internal error when accessing libtpu
+# multi-process lockfile". Compile-only children hold no chip, so sharing is safe.
+TPU_CHILD_ENV = {"TPU_SKIP_MDS_QUERY": "1", "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+_OOM_RE = re.compile(
+    r"required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)"
+)
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # An XLA figure is "plausible" within this factor of the bytes-moved model (both directions).
 COST_SANITY_FACTOR = 3.0
@@ -79,7 +85,11 @@ def cost_fields(ca: Any) -> dict[str, float]:
         ca = ca[0] if ca else {}
     ca = ca or {}
     out = {}
-    for key, name in (("flops", "xla_flops"), ("bytes accessed", "xla_bytes_accessed"), ("optimal_seconds", "xla_optimal_s")):
+    for key, name in (
+        ("flops", "xla_flops"),
+        ("bytes accessed", "xla_bytes_accessed"),
+        ("optimal_seconds", "xla_optimal_s"),
+    ):
         if key in ca:
             out[name] = float(ca[key])
     return out
@@ -95,7 +105,9 @@ def check_cost(xla: dict[str, float], model_bytes: int, bandwidth: float | None)
         r = b / model_bytes
         ok_bytes = 1 / COST_SANITY_FACTOR <= r <= COST_SANITY_FACTOR
         if not ok_bytes:
-            notes.append(f"bytes accessed {b / 1e9:.1f} GB is {r:.2f}x the bytes-moved model ({model_bytes / 1e9:.2f} GB)")
+            notes.append(
+                f"bytes accessed {b / 1e9:.1f} GB is {r:.2f}x the bytes-moved model ({model_bytes / 1e9:.2f} GB)"
+            )
     t = xla.get("xla_optimal_s")
     if t is not None:
         if t <= 0:
@@ -105,7 +117,11 @@ def check_cost(xla: dict[str, float], model_bytes: int, bandwidth: float | None)
             ok_time = 1 / COST_SANITY_FACTOR <= r <= COST_SANITY_FACTOR
             if not ok_time:
                 notes.append(f"optimal_seconds {t * 1e3:.1f} ms is {r:.2f}x the roofline time")
-    return {"xla_bytes_plausible": ok_bytes, "xla_time_plausible": ok_time, "xla_cost_notes": "; ".join(notes)}
+    return {
+        "xla_bytes_plausible": ok_bytes,
+        "xla_time_plausible": ok_time,
+        "xla_cost_notes": "; ".join(notes),
+    }
 
 
 # ---------------------------------------------------------------------------------- programs
@@ -123,11 +139,15 @@ def prefill_batch(params, cache, tokens, start, n_valid, *, cfg, layout, cdt, kv
     The engine prefills one slot per call; this batched form is what admission needs to size."""
     from g4bench.model.forward import forward
 
-    logits, cache = forward(params, tokens, start, n_valid, cache, cfg, layout, kv_len=kv_len, compute_dtype=cdt)
+    logits, cache = forward(
+        params, tokens, start, n_valid, cache, cfg, layout, kv_len=kv_len, compute_dtype=cdt
+    )
     return cache, logits
 
 
-def program_for(payload: dict[str, Any], sharding: Any, compute_dtype: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+def program_for(
+    payload: dict[str, Any], sharding: Any, compute_dtype: Any
+) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """(jitted program, abstract args, facts) for a decode step or a batched prefill call.
 
     Prefill: T = `tokens` new tokens per row written at positions ctx − T … ctx − 1 and attending
@@ -145,7 +165,9 @@ def program_for(payload: dict[str, Any], sharding: Any, compute_dtype: Any) -> t
     case, cfg = bench.case, bench.cfg
     facts = {"weights_bytes": bench.weights_bytes, "kv_bytes": bench.kv_bytes}
     if payload.get("program", "decode") == "decode":
-        cost = costs.decode_cost(cfg, case.weight_format, case.layout, case.batch, case.ctx, donated=case.donate)
+        cost = costs.decode_cost(
+            cfg, case.weight_format, case.layout, case.batch, case.ctx, donated=case.donate
+        )
         facts["model_bytes"] = cost.bytes
         return bench.jitted, bench.abstract_args(sharding), facts
     T = int(payload["tokens"])
@@ -185,7 +207,9 @@ def target_device(target: str) -> tuple[Any, dict[str, Any]]:
 
     hw = load_hardware(target)
     if not hw.aot_topology:
-        raise ValueError(f"{target}: no aot_topology in its hardware definition; cannot compile for it offline")
+        raise ValueError(
+            f"{target}: no aot_topology in its hardware definition; cannot compile for it offline"
+        )
     topo = topologies.get_topology_desc(hw.aot_topology, platform=hw.platform)
     dev = topo.devices[0]
     info = {"platform": hw.platform, "device_kind": dev.device_kind, "device_count": len(topo.devices)}
@@ -232,12 +256,11 @@ def compile_program(payload: dict[str, Any]) -> dict[str, Any]:
 
 def vm_peak_bytes() -> int:
     """This process's peak virtual size (what RLIMIT_AS caps), from /proc; max RSS elsewhere."""
-    try:
-        for line in open("/proc/self/status", encoding="ascii"):
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text(encoding="ascii").splitlines():
             if line.startswith("VmPeak:"):
                 return int(line.split()[1]) * 1024
-    except OSError:
-        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 

@@ -49,7 +49,11 @@ class CapacityConfig:
     def name(self) -> str:
         c = self.case
         step = "donated" if c.donate else "copying"
-        prog = "decode" if self.program == "decode" else ("prefill-oneshot" if self.tokens >= c.ctx else f"prefill-chunk{self.tokens}")
+        prog = (
+            "decode"
+            if self.program == "decode"
+            else ("prefill-oneshot" if self.tokens >= c.ctx else f"prefill-chunk{self.tokens}")
+        )
         return f"{prog}/{self.target}/layers-{c.layers}/ple-{c.ple}/kv-{c.kv_dtype}/{step}/sliding-{c.sliding_kv}/ctx{c.ctx}"
 
     def payload(self, batch: int) -> dict[str, Any]:
@@ -167,17 +171,34 @@ class Driver:
             stderr_log=log,
         )
         fields = {"record": "probe", "batch": batch, **{k: v for k, v in result.items() if k != "device"}}
-        self.record(f"{self.cfg.name}/probe-b{batch}", {**self.cfg.config(), "batch": batch}, fields, result.get("device"))
+        self.record(
+            f"{self.cfg.name}/probe-b{batch}",
+            {**self.cfg.config(), "batch": batch},
+            fields,
+            result.get("device"),
+        )
         try:
-            fits = classify(result)
+            fits = classify(result, compile_only=not local)
         except ProbeError as exc:
             self.progress(f"  probe {n}: batch {batch} [red]error[/red] ({time.perf_counter() - t0:.0f} s)")
             raise ProbeError(f"{self.cfg.name}, batch {batch}: {exc}") from exc
-        nbytes = (result.get("host_vm_peak_bytes") if local else result.get("peak_bytes")) if fits else result.get("oom_required_bytes")
+        nbytes = (
+            (result.get("host_vm_peak_bytes") if local else result.get("peak_bytes"))
+            if fits
+            else result.get("oom_required_bytes")
+        )
         verdict = "[green]fits[/green]" if fits else "[yellow]does not fit[/yellow]"
-        why = "" if fits else f" ({result['failure']['kind']})" if "failure" in result else " (compile-time HBM OOM)"
+        why = (
+            ""
+            if fits
+            else f" ({result['failure']['kind']})"
+            if "failure" in result
+            else " (compile-time HBM OOM)"
+        )
         elapsed = time.perf_counter() - self.started
-        self.progress(f"  probe {n}: batch {batch:>6} {verdict}{why}  {time.perf_counter() - t0:5.0f} s  (elapsed {elapsed:.0f} s)")
+        self.progress(
+            f"  probe {n}: batch {batch:>6} {verdict}{why}  {time.perf_counter() - t0:5.0f} s  (elapsed {elapsed:.0f} s)"
+        )
         p = Probe(batch, fits, int(nbytes) if nbytes else None, result)
         self._probes.append(p)
         return p
@@ -197,7 +218,9 @@ class Driver:
             estimate,
             tol=tol,
             limit=self.limit,
-            per_seq_bytes=per_seq_bytes(self.cfg.case, self.cfg.program) if self.cfg.program == "decode" else None,
+            per_seq_bytes=per_seq_bytes(self.cfg.case, self.cfg.program)
+            if self.cfg.program == "decode"
+            else None,
             on_limit=None if local else learn_limit,
         )
 
@@ -286,7 +309,9 @@ def configurations(s: Settings) -> list[CapacityConfig]:
     return out
 
 
-def local_prediction(cfg: CapacityConfig, s: Settings, batches: tuple[int, int], log_dir: Path | None) -> dict[str, Any]:
+def local_prediction(
+    cfg: CapacityConfig, s: Settings, batches: tuple[int, int], log_dir: Path | None
+) -> dict[str, Any]:
     """The compiled prediction for the local device: compile (never run) the same step at two
     batches in fresh children, fit peak(B) = a + b·B (args + out + temp − alias, linear in B),
     add the runtime's own address space (the compile child's peak: jax, XLA, the compiler) and
@@ -297,9 +322,17 @@ def local_prediction(cfg: CapacityConfig, s: Settings, batches: tuple[int, int],
     points = []
     for b in batches:
         log = log_dir / f"{_safe(cfg.name)}-compile-b{b}.log" if log_dir else None
-        r = run_isolated(COMPILE_TARGET, cfg.payload(b), timeout_s=s.timeout_s, mem_limit_bytes=s.mem_limit_bytes, stderr_log=log)
+        r = run_isolated(
+            COMPILE_TARGET,
+            cfg.payload(b),
+            timeout_s=s.timeout_s,
+            mem_limit_bytes=s.mem_limit_bytes,
+            stderr_log=log,
+        )
         if "failure" in r:
-            return {"prediction_error": f"compile at batch {b}: {r['failure']['kind']}: {r['failure']['detail']}"}
+            return {
+                "prediction_error": f"compile at batch {b}: {r['failure']['kind']}: {r['failure']['detail']}"
+            }
         points.append((b, r))
     (b1, r1), (b2, r2) = points
     slope = (r2["peak_bytes"] - r1["peak_bytes"]) / (b2 - b1)

@@ -47,12 +47,19 @@ def _step(c: dict[str, Any]) -> str:
         parts.append(f"{c['roofline_step_ms']:.1f} ms roofline")
     if "xla_optimal_s" in c:
         t = c["xla_optimal_s"] * 1e3
-        parts.append(f"XLA {t:.1f} ms" if c.get("xla_time_plausible") else f"XLA {t:.3g} ms [red](implausible)[/red]")
+        parts.append(
+            f"XLA {t:.1f} ms" if c.get("xla_time_plausible") else f"XLA {t:.3g} ms [red](implausible)[/red]"
+        )
     return ", ".join(parts) or "—"
 
 
 def _is_reference_config(cfg: dict[str, Any]) -> bool:
-    return cfg["target"] == "tpu-v6e" and cfg["layers"] == "w4a16" and cfg["ple"] == "bf16" and cfg["sliding_kv"] == "full"
+    return (
+        cfg["target"] == "tpu-v6e"
+        and cfg["layers"] == "w4a16"
+        and cfg["ple"] == "bf16"
+        and cfg["sliding_kv"] == "full"
+    )
 
 
 def ceilings_table(ceilings: Sequence[dict[str, Any]], title: str) -> Any:
@@ -71,7 +78,11 @@ def ceilings_table(ceilings: Sequence[dict[str, Any]], title: str) -> Any:
         if "failure" in c:
             t.add_row(label, "[red]error[/red]", *[""] * 9)
             continue
-        ref = refs.get((cfg["kv_dtype"], bool(cfg["donate"]), int(cfg["ctx"]))) if _is_reference_config(cfg) and prog == "decode" else None
+        ref = (
+            refs.get((cfg["kv_dtype"], bool(cfg["donate"]), int(cfg["ctx"])))
+            if _is_reference_config(cfg) and prog == "decode"
+            else None
+        )
         ratio = f"{c['max_batch'] / ref:.3f}" if ref else "—"
         peak = c.get("host_vm_peak_bytes") if cfg["target"] == "local" else c.get("peak_bytes")
         tokens = f"{c['kv_tokens']:,}" + ("" if prog == "decode" else " (B×T)")
@@ -83,18 +94,24 @@ def ceilings_table(ceilings: Sequence[dict[str, Any]], title: str) -> Any:
 def ratio_lines(ceilings: Sequence[dict[str, Any]]) -> list[str]:
     """donated ÷ copying and ring ÷ full ceiling ratios between matching decode configurations."""
     dec = {
-        (c["config"]["kv_dtype"], c["config"]["donate"], c["config"]["sliding_kv"], c["config"]["ple"]): c["max_batch"]
+        (c["config"]["kv_dtype"], c["config"]["donate"], c["config"]["sliding_kv"], c["config"]["ple"]): c[
+            "max_batch"
+        ]
         for c in ceilings
         if c["config"]["program"] == "decode" and "max_batch" in c
     }
     out = []
     for (kv, don, sl, ple), b in sorted(dec.items()):
         if don and dec.get((kv, False, sl, ple)):
-            out.append(f"donated ÷ copying, kv {kv}, sliding {sl}, ple {ple}: {b} ÷ {dec[(kv, False, sl, ple)]} = {b / dec[(kv, False, sl, ple)]:.3f}")
+            out.append(
+                f"donated ÷ copying, kv {kv}, sliding {sl}, ple {ple}: {b} ÷ {dec[(kv, False, sl, ple)]} = {b / dec[(kv, False, sl, ple)]:.3f}"
+            )
     for (kv, don, sl, ple), b in sorted(dec.items()):
         if sl == "ring" and dec.get((kv, don, "full", ple)):
             step = "donated" if don else "copying"
-            out.append(f"ring ÷ full sliding KV, kv {kv}, {step}: {b} ÷ {dec[(kv, don, 'full', ple)]} = {b / dec[(kv, don, 'full', ple)]:.2f}")
+            out.append(
+                f"ring ÷ full sliding KV, kv {kv}, {step}: {b} ÷ {dec[(kv, don, 'full', ple)]} = {b / dec[(kv, don, 'full', ple)]:.2f}"
+            )
     return out
 
 
@@ -119,7 +136,9 @@ def admission_table(rows: Sequence[dict[str, Any]]) -> Any:
     from rich.table import Table
 
     ctxs = sorted({r["agent_ctx"] for r in rows})
-    t = Table(title="agent-fleet admission (✓ fits / ✗ does not; headroom GB, % of limit)", title_justify="left")
+    t = Table(
+        title="agent-fleet admission (✓ fits / ✗ does not; headroom GB, % of limit)", title_justify="left"
+    )
     t.add_column("kv / sliding")
     t.add_column("agents", justify="right")
     for c in ctxs:
@@ -141,14 +160,22 @@ def admission_table(rows: Sequence[dict[str, Any]]) -> Any:
     return t
 
 
-def render_ceilings(ceilings: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], settings: Any, console: Any) -> None:
-    where = "compiled for " + settings.target if settings.target != "local" else "measured on the local device"
-    console.print(ceilings_table(ceilings, f"capacity ceilings, {settings.model}, ctx {settings.ctx}, {where}"))
+def render_ceilings(
+    ceilings: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], settings: Any, console: Any
+) -> None:
+    where = (
+        "compiled for " + settings.target if settings.target != "local" else "measured on the local device"
+    )
+    console.print(
+        ceilings_table(ceilings, f"capacity ceilings, {settings.model}, ctx {settings.ctx}, {where}")
+    )
     for line in ratio_lines(ceilings) + local_lines(ceilings):
         console.print(line, soft_wrap=True)
     for c in ceilings:
         if c.get("xla_cost_notes"):
-            console.print(f"[dim]{c['name']}: XLA cost figures not used: {c['xla_cost_notes']}[/dim]", soft_wrap=True)
+            console.print(
+                f"[dim]{c['name']}: XLA cost figures not used: {c['xla_cost_notes']}[/dim]", soft_wrap=True
+            )
     if rows:
         console.print(admission_table(rows))
 
@@ -166,18 +193,46 @@ def plot_capacity(records: Sequence[dict[str, Any]], out_dir: Path, console: Any
     fig, ax = plt.subplots(figsize=(7.5, 5))
     series: dict[tuple[str, str], dict[int, int]] = {}
     for r in rows:
-        series.setdefault((r["config"]["kv_dtype"], r["config"]["sliding_kv"]), {})[r["config"]["agent_ctx"]] = r["max_agents"]
+        series.setdefault((r["config"]["kv_dtype"], r["config"]["sliding_kv"]), {})[
+            r["config"]["agent_ctx"]
+        ] = r["max_agents"]
     for (kv, sl), pts in sorted(series.items()):
         xs = sorted(pts)
-        ax.plot(xs, [max(pts[x], 0.5) for x in xs], marker="o", ls="-" if sl == "ring" else "--", label=f"KV {kv}, sliding {sl}")
+        ax.plot(
+            xs,
+            [max(pts[x], 0.5) for x in xs],
+            marker="o",
+            ls="-" if sl == "ring" else "--",
+            label=f"KV {kv}, sliding {sl}",
+        )
     for r in rows:
         c = r["config"]
-        ax.scatter(c["agent_ctx"], c["agents"], marker="s", s=30, color="tab:green" if r["fits"] else "tab:red", alpha=0.35, zorder=0)
-    env = rows[0]["env"]
-    ax.set(xscale="log", yscale="log", xlabel="context per agent (tokens)", ylabel="max concurrent agents (sequences)")
-    ax.set_xticks(sorted({r["config"]["agent_ctx"] for r in rows}), [f"{x // 1024}K" for x in sorted({r["config"]["agent_ctx"] for r in rows})])
-    ax.set_title(f"capacity frontier: {rows[0]['config']['model']} on {rows[0]['config']['target']} ({env.get('device_kind') or env.get('platform')})\n"
-                 "squares: fleet grid (green fits, red does not)", fontsize=9)  # fmt: skip
+        ax.scatter(
+            c["agent_ctx"],
+            c["agents"],
+            marker="s",
+            s=30,
+            color="tab:green" if r["fits"] else "tab:red",
+            alpha=0.35,
+            zorder=0,
+        )
+    from matplotlib.ticker import NullFormatter
+
+    ctxs = sorted({r["config"]["agent_ctx"] for r in rows})
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="context per agent (tokens)",
+        ylabel="max concurrent agents (sequences)",
+    )
+    ax.set_xticks(ctxs, [f"{x // 1024}K" for x in ctxs])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    c0 = rows[0]["config"]
+    ax.set_title(
+        f"capacity frontier: {c0['model']} on {c0['target']} (limit {rows[0]['limit_bytes'] / GB:.2f} GB)\n"
+        "squares: fleet grid, agents × context (green fits, red does not)",
+        fontsize=9,
+    )
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     return save(fig, Path(out_dir), "capacity_frontier")

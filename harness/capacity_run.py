@@ -22,8 +22,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.capacity import CapacityConfig, Driver, Settings, ceiling_fields, configurations, estimate_batch
-from harness.capacity import local_prediction
+from harness.capacity import (
+    Driver,
+    Settings,
+    ceiling_fields,
+    configurations,
+    estimate_batch,
+    local_prediction,
+)
 from harness.capacity_search import ProbeError
 
 DEFAULT_RAM_FRACTION = 0.75
@@ -59,8 +65,12 @@ def resolve_settings(req: dict[str, Any], console: Any) -> Settings:
             limit = int(avail * DEFAULT_RAM_FRACTION)
             source = f"{DEFAULT_RAM_FRACTION:.0%} of available RAM ({avail / 2**30:.1f} GiB, psutil)"
         if limit > avail:
-            raise CapacityError(f"memory cap {limit / 2**30:.1f} GiB exceeds available RAM {avail / 2**30:.1f} GiB")
-        console.print(f"local probes: address-space cap (RLIMIT_AS) {limit / 2**30:.2f} GiB per child = {source}")
+            raise CapacityError(
+                f"memory cap {limit / 2**30:.1f} GiB exceeds available RAM {avail / 2**30:.1f} GiB"
+            )
+        console.print(
+            f"local probes: address-space cap (RLIMIT_AS) {limit / 2**30:.2f} GiB per child = {source}"
+        )
         layers = req.get("layers") or LOCAL_LAYERS
         if not req.get("layers"):
             console.print(
@@ -78,7 +88,9 @@ def resolve_settings(req: dict[str, Any], console: Any) -> Settings:
         limit = int(usable or hw.value("hbm_bytes") or 0)
         fig = hw.figures["usable_hbm_bytes" if usable else "hbm_bytes"]
         source = f"{hw.name}: {'usable' if usable else 'nameplate (usable unknown)'} HBM — {fig.source}"
-        console.print(f"limit {limit / 2**30:.2f} GiB: {source}; the compiler's own limit is read from its OOM messages")
+        console.print(
+            f"limit {limit / 2**30:.2f} GiB: {source}; the compiler's own limit is read from its OOM messages"
+        )
         layers = req.get("layers") or "w4a16"
         mem_cap = COMPILE_CHILD_CAP
     return Settings(
@@ -107,8 +119,15 @@ def run_capacity(req: dict[str, Any], *, out: Path | None, argv: list[str], cons
     from harness.capacity_report import plot_capacity, render_ceilings
     from harness.env import host_env, merge_device
     from harness.hardware import load_hardware
-    from harness.results import append_record, create_run_dir, make_record, run_id_of, write_command, write_env
-    from harness.results import write_summary
+    from harness.results import (
+        append_record,
+        create_run_dir,
+        make_record,
+        run_id_of,
+        write_command,
+        write_env,
+        write_summary,
+    )
 
     s = resolve_settings(req, console)
     run_dir = Path(out) if out else create_run_dir(Path("results"), f"capacity-{s.target}")
@@ -122,8 +141,12 @@ def run_capacity(req: dict[str, Any], *, out: Path | None, argv: list[str], cons
     outcome = CapacityOutcome(run_dir)
     records: list[dict[str, Any]] = []
 
-    def record(name: str, config: dict[str, Any], fields: dict[str, Any], device: Any = None) -> dict[str, Any]:
-        rec = make_record("capacity", name, run_id=run_id, env=merge_device(env, device), config=config, **fields)
+    def record(
+        name: str, config: dict[str, Any], fields: dict[str, Any], device: Any = None
+    ) -> dict[str, Any]:
+        rec = make_record(
+            "capacity", name, run_id=run_id, env=merge_device(env, device), config=config, **fields
+        )
         append_record(run_dir, rec)
         records.append(rec)
         return rec
@@ -140,7 +163,9 @@ def run_capacity(req: dict[str, Any], *, out: Path | None, argv: list[str], cons
                 continue
         est = estimate_batch(cfg.case, cfg.program, s.limit_bytes, cfg.tokens)
         console.print(f"[bold]{i}/{len(configs)} {cfg.name}[/bold]: arithmetic estimate {est}")
-        drv = Driver(cfg, s.limit_bytes, s.timeout_s, s.mem_limit_bytes, record, console.print, run_dir / "logs")
+        drv = Driver(
+            cfg, s.limit_bytes, s.timeout_s, s.mem_limit_bytes, record, console.print, run_dir / "logs"
+        )
         try:
             search = drv.run(est, s.tol)
         except ProbeError as exc:

@@ -19,7 +19,8 @@ Failure classification (`classify`), decided once for every driver:
 - does not fit: a compile-time HBM OOM (`fits` false), a failure of kind "oom" (RESOURCE_EXHAUSTED,
   MemoryError, bad_alloc, SIGKILL under the cap), or death by a signal (an allocation that fails
   under RLIMIT_AS inside C++ often surfaces as SIGABRT/SIGSEGV);
-- a real error, which stops the search (`ProbeError`, with the child's message): a Python exception
+- a real error, which stops the search (`ProbeError`, with the child's message): for a compile
+  probe any failure of the compiling process (its host memory is not the target's HBM); a Python exception
   that is not about memory (a bug or a bad configuration would otherwise read as "capacity 0"),
   a timeout (a slow step is not a full memory; counting it as "does not fit" would understate the
   ceiling silently — raise --timeout instead), and a child that printed no result.
@@ -63,20 +64,30 @@ class Search:
         return next((p for p in reversed(self.probes) if p.fits and p.batch == self.lo), None)
 
 
-def classify(result: dict[str, Any]) -> bool:
-    """True = fits, False = does not fit; raises ProbeError for a real error (module docstring)."""
+def classify(result: dict[str, Any], *, compile_only: bool = False) -> bool:
+    """True = fits, False = does not fit; raises ProbeError for a real error (module docstring).
+
+    `compile_only`: the probe compiled for a remote target, so only the compiler's verdict
+    (`fits`) speaks about the target's memory; any failure of the compiling process (including
+    running out of *host* memory) is a real error."""
     fail = result.get("failure")
     if fail is None:
         if "fits" not in result:
             raise ProbeError("probe result has neither 'fits' nor 'failure'")
         return bool(result["fits"])
     kind, rc = fail.get("kind"), fail.get("returncode")
+    if compile_only:
+        raise ProbeError(
+            f"the compiling process failed ({kind}: {fail.get('detail')}); this says nothing about the target's memory"
+        )
     if kind == "oom":
         return False
     if kind == "crash" and rc is not None and rc < 0:
         return False
     if kind == "timeout":
-        raise ProbeError(f"probe timed out ({fail.get('detail')}); a slow step is not a full memory: raise --timeout")
+        raise ProbeError(
+            f"probe timed out ({fail.get('detail')}); a slow step is not a full memory: raise --timeout"
+        )
     raise ProbeError(f"probe failed ({kind}): {fail.get('detail')}\n{fail.get('stderr_tail', '')[-1500:]}")
 
 

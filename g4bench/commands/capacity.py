@@ -23,23 +23,37 @@ def capacity(
     kv: Annotated[str, typer.Option(help="KV dtypes, comma-separated: bf16,int8.")] = "bf16,int8",
     step: Annotated[str, typer.Option(help="Decode step variants: donated,copying.")] = "donated,copying",
     ple: Annotated[str, typer.Option(help="PLE table formats: bf16,int8,int4.")] = "bf16",
-    sliding: Annotated[str, typer.Option(help="Sliding-layer KV: full (max_len) and/or ring (window-sized).")] = "full,ring",
+    sliding: Annotated[
+        str, typer.Option(help="Sliding-layer KV: full (max_len) and/or ring (window-sized).")
+    ] = "full,ring",
     target: Annotated[
         str, typer.Option(help="local (run on this device) or a compile target: tpu-v5e, tpu-v6e, tpu-v5p.")
     ] = "local",
     layers: Annotated[
-        str | None, typer.Option(help="Layer weight format: w4a16, bf16, f32. (default: w4a16 for TPU; f32 local CPU, printed)")
+        str | None,
+        typer.Option(
+            help="Layer weight format: w4a16, bf16, f32. (default: w4a16 for TPU; f32 local CPU, printed)"
+        ),
     ] = None,
     prefill: Annotated[
         str | None,
-        typer.Option(help="Prefill tokens per row per call to size, comma-separated (≥ ctx = one-shot), e.g. 256,8192."),
+        typer.Option(
+            help="Prefill tokens per row per call to size, comma-separated (≥ ctx = one-shot), e.g. 256,8192."
+        ),
     ] = None,
     tol: Annotated[float, typer.Option(help="Stop when hi − lo ≤ max(1, tol·lo).")] = 0.02,
     mem_limit_gib: Annotated[
-        float | None, typer.Option(help="Local: address-space cap per probe in GiB. (default: 75% of available RAM, printed)")
+        float | None,
+        typer.Option(
+            help="Local: address-space cap per probe in GiB. (default: 75% of available RAM, printed)"
+        ),
     ] = None,
-    timeout: Annotated[float | None, typer.Option(help="Seconds per probe process. (default: 1800 local, 900 TPU)")] = None,
-    out: Annotated[Path | None, typer.Option(help="Run folder. (default: results/<UTC stamp>-capacity-<target>/)")] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="Seconds per probe process. (default: 1800 local, 900 TPU)")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Run folder. (default: results/<UTC stamp>-capacity-<target>/)")
+    ] = None,
 ) -> None:
     """Find the largest decode batch that fits, by bisection (one fresh process per probe, to within 2%).
 

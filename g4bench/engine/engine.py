@@ -64,18 +64,19 @@ class EngineConfig:
 
     @property
     def kv_buckets(self) -> tuple[int, ...]:
-        """KV lengths a step may read: powers of two from `min_kv_bucket`, capped by max_len."""
+        """KV lengths a step may read: powers of two from `min_kv_bucket` up to 2048, then alternating
+        ×1.5 / ×4/3 steps (2048, 3072, 4096, 6144, 8192, …), capped by max_len: a long context is
+        read at most 1.5× over, with a bounded number of compiled programs."""
         sizes, n = [], min(self.min_kv_bucket, self.max_len)
         while n < self.max_len:
             sizes.append(n)
-            n *= 2
+            n = n * 2 if n < 2048 else (n * 3 // 2 if n & (n - 1) == 0 else n * 4 // 3)
         return (*sizes, self.max_len)
 
     @property
     def chunk_buckets(self) -> tuple[int, ...]:
-        """Prefill chunk shapes: a small one for short suffixes (agent turns) and the full chunk."""
-        small = max(1, self.chunk_size // 8)
-        return (small, self.chunk_size) if small < self.chunk_size else (self.chunk_size,)
+        """Prefill chunk shapes: chunk/8 (short agent-turn suffixes), chunk/2 and the full chunk."""
+        return tuple(sorted({max(1, self.chunk_size // 8), max(1, self.chunk_size // 2), self.chunk_size}))
 
 
 def bucket_for(n: int, buckets: Sequence[int]) -> int:
@@ -235,10 +236,11 @@ class Engine:
 
 # ---------------------------------------------------------------------------- jitted programs
 def _prefill_step(params, cache, sampling, tokens, start, n_valid, slot, *, cfg, layout, cdt, kv_len):
-    """One slot's chunk: slice the slot's cache rows, run the model, write the rows back."""
-    rows = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, axis=0), cache)
-    logits, rows = forward(params, tokens, start, n_valid, rows, cfg, layout, kv_len=kv_len, compute_dtype=cdt)
-    cache = jax.tree_util.tree_map(lambda x, r: jax.lax.dynamic_update_slice_in_dim(x, r, slot, axis=0), cache, rows)
+    """One slot's chunk: the model writes the chunk's positions of cache row `slot` and reads that
+    row's first kv_len positions; nothing else of the cache is touched."""
+    logits, cache = forward(
+        params, tokens, start, n_valid, cache, cfg, layout, kv_len=kv_len, compute_dtype=cdt, rows=slot[None]
+    )
     row_state = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1), sampling)
     nxt = sample(logits, start + n_valid - 1, row_state, cfg.eos_token_ids)
     return cache, logits[0], nxt[0]

@@ -104,13 +104,23 @@ def _store(k: jax.Array, v: jax.Array, quantized: bool) -> dict[str, jax.Array]:
     return {"k": kq, "v": vq, "ks": ks, "vs": vs}
 
 
-def _write_full(entry: dict[str, jax.Array], new: dict[str, jax.Array], write_pos: jax.Array) -> dict[str, jax.Array]:
-    """Scatter new [B, kvh, T(, d)] at positions write_pos [B, T]; out-of-range positions are dropped."""
+def _write_full(
+    entry: dict[str, jax.Array], new: dict[str, jax.Array], write_pos: jax.Array, rows: jax.Array | None
+) -> dict[str, jax.Array]:
+    """Scatter new [B, kvh, T(, d)] at positions write_pos [B, T] of cache rows `rows` (None: row b
+    is batch row b); out-of-range positions are dropped. Only the written positions are touched."""
+    if rows is None:
 
-    def put(cache_row: jax.Array, new_row: jax.Array, idx: jax.Array) -> jax.Array:
-        return cache_row.at[:, idx].set(new_row.astype(cache_row.dtype), mode="drop")
+        def put(cache_row: jax.Array, new_row: jax.Array, idx: jax.Array) -> jax.Array:
+            return cache_row.at[:, idx].set(new_row.astype(cache_row.dtype), mode="drop")
 
-    return {name: jax.vmap(put)(entry[name], new[name], write_pos) for name in entry}
+        return {name: jax.vmap(put)(entry[name], new[name], write_pos) for name in entry}
+    out = {}
+    for name, arr in entry.items():
+        # advanced indices (rows, positions) come first: the update is [B, T, kvh(, d)]
+        update = jnp.swapaxes(new[name], 1, 2).astype(arr.dtype)
+        out[name] = arr.at[rows[:, None], :, write_pos].set(update, mode="drop")
+    return out
 
 
 def _write_ring(
@@ -153,12 +163,16 @@ def forward(
     kv_len: int | None = None,
     all_logits: bool = False,
     compute_dtype: Any = jnp.float32,
+    rows: jax.Array | None = None,
 ) -> tuple[jax.Array, Cache]:
     """Run the model over tokens i32[B, T] written at positions start[b] + t for t < n_valid[b].
 
     `kv_len` (static) bounds how much of each full-length cache is read: it must exceed every real
-    position in this call; None reads the whole buffer. Returns logits f32 [B, T, V] if `all_logits`
-    else [B, V] at each row's last real token, and the updated cache (rows with n_valid 0 unchanged)."""
+    position in this call; None reads the whole buffer. `rows` i32[B] maps batch rows to cache rows
+    (a prefill of one slot in a many-slot cache: only that row's chunk positions are written and
+    only its first kv_len positions read); None means cache row b is batch row b. Returns logits
+    f32 [B, T, V] if `all_logits` else [B, V] at each row's last real token, and the updated cache
+    (rows with n_valid 0 unchanged)."""
     B, T = tokens.shape
     cdt = compute_dtype
     eps = cfg.rms_norm_eps
@@ -208,14 +222,20 @@ def forward(
             entry = cache[slot]
             if layout.is_ring(cfg, i):
                 W = entry["k"].shape[2]
-                kv = {name: jnp.concatenate([entry[name], new[name].astype(entry[name].dtype)], axis=2) for name in entry}
+                ring = entry if rows is None else {name: arr[rows] for name, arr in entry.items()}
+                kv = {name: jnp.concatenate([ring[name], new[name].astype(ring[name].dtype)], axis=2) for name in ring}
                 key_pos = jnp.concatenate([_ring_positions(start, W), positions], axis=1)
                 key_ok = jnp.concatenate([_ring_positions(start, W) >= 0, valid_q], axis=1)
-                new_cache[slot] = _write_ring(entry, new, start, n_valid)
+                updated = _write_ring(ring, new, start, n_valid)
+                new_cache[slot] = (
+                    updated if rows is None else {name: entry[name].at[rows].set(updated[name]) for name in entry}
+                )
             else:
-                written = _write_full(entry, new, write_pos)
+                written = _write_full(entry, new, write_pos, rows)
                 new_cache[slot] = written
-                kv = {name: arr[:, :, :kv_len] for name, arr in written.items()}
+                kv = {
+                    name: arr[:, :, :kv_len] if rows is None else arr[rows, :, :kv_len] for name, arr in written.items()
+                }
                 key_pos = jnp.broadcast_to(jnp.arange(kv_len, dtype=jnp.int32)[None, :], (B, kv_len))
                 key_ok = jnp.ones((B, kv_len), bool)
             if i == max(j for j in cfg.kv_layers if cfg.layer_types[j] == ltype):

@@ -18,6 +18,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from harness.load import checks, metrics
 from harness.load.decode_ratio import GOAL, compare, decode_window
 from harness.load.runner import LevelResult, RunResult
@@ -271,7 +273,9 @@ def print_closing(console: Any, summary: dict[str, Any], run_dir: Path) -> None:
         case = base.get("case", {})
         console.print(
             f"  engine decode step ({base.get('case_name')}, batch {case.get('batch')}, KV {case.get('ctx')}): "
-            f"median {_fmt(base['step_ms_median'], 2)} ms of {len(base['step_ms_samples'])}"
+            f"median {_fmt(base['step_ms_median'], 2)} ms of {len(base['step_ms_samples'])} "
+            f"(IQR {_fmt(float(np.percentile(base['step_ms_samples'], 25)), 1)}–"
+            f"{_fmt(float(np.percentile(base['step_ms_samples'], 75)), 1)} ms)"
         )
         for lv in summary["levels"]:
             console.print(
@@ -285,4 +289,4 @@ def print_closing(console: Any, summary: dict[str, Any], run_dir: Path) -> None:
         f"  capacity: largest concurrency with {cap['basis']} ≥ {cap['attainment_target']:g}: "
         f"{cap['max_concurrency_at_attainment']}"
     )
-    console.print(f"  run folder: {run_dir}")
+    console.print(f"  run folder: {run_dir}", soft_wrap=True)  # one line, copyable

@@ -7,9 +7,9 @@ uniform and logits spread over ±10: a wrong mask or position moves them visibly
 
 The reference `REF` is `forward(all_logits=True)` over `SEQ` (44 tokens, one compile): by causality,
 row t equals a fresh forward over SEQ[:t+1], so prefixes of every length are checked against it.
-tiny-a's sliding window is 8; the engines use chunk buckets (4, 32) and KV buckets (32, 64), so
-prompts of 3..33 tokens sit on both sides of the window and of both bucket boundaries, and a
-4-token suffix padded to 32 is padding four times the window.
+tiny-a's sliding window is 8; the engines use chunk size 32 (buckets 4, 16, 32) and KV buckets
+(32, 64), so prompts of 3..33 tokens sit on both sides of the window and of the bucket boundaries,
+and a 5-token chunk padded to 16 is padding larger than the window.
 
 Tolerances (f32 compute, f32 KV unless stated): paths that should be the same arithmetic up to
 summation order agree within 1e-4 (measured ≤ ~1e-5); greedy tokens must be equal except where the
@@ -178,7 +178,7 @@ def test_cached_decode_equals_full_reforward(sliding, seq, full_forward, engine_
 def test_ring_equals_full_length_sliding_kv(seq, ref, engine_full, engine_ring):
     """Teacher-forced through SEQ: the ring (window 8) and full-length sliding KV agree at every step,
     and both agree with the reference, also when the ring prefill is chunked with padding (5-token
-    chunks padded to 32 > window)."""
+    chunks padded to a bucket > window)."""
     feed = seq[PROMPT:]
     _, full = greedy_run(engine_full, 1, seq[:PROMPT], STEPS, feed=feed)
     _, ring = greedy_run(engine_ring, 1, seq[:PROMPT], STEPS, feed=feed)
@@ -192,7 +192,7 @@ def test_ring_equals_full_length_sliding_kv(seq, ref, engine_full, engine_ring):
 # ---------------------------------------------------------------------------- padding, chunking
 @pytest.mark.parametrize("n", [3, 4, 5, 7, 8, 9, 31, 32, 33])
 def test_padded_prefill_equals_unpadded(n, seq, ref, engine_full, engine_ring):
-    """The engine pads each chunk to a bucket (4 or 32) and reads a bucketed KV length (32 or 64):
+    """The engine pads each chunk to a bucket (4, 16, 32) and reads a bucketed KV length (32 or 64):
     the last-position logits equal the unpadded reference, on both sides of the window (8) and of
     both bucket boundaries, full and ring."""
     for engine in (engine_full, engine_ring):

@@ -74,7 +74,8 @@ def test_prefix_reuse_ratios_exact() -> None:
             ids = ids + r.output_ids + [70 + turn] * 4
     out = metrics.prefix_reuse(rs, metrics.by_turn(rs))
     # prompts 6, 12, 18 per task; new 6, 4, 4; computed 6, 5, 5
-    assert (out["prompt_tokens_total"], out["new_prompt_tokens"], out["prompt_tokens_computed"]) == (72, 28, 32)
+    got = (out["prompt_tokens_total"], out["new_prompt_tokens"], out["prompt_tokens_computed"])
+    assert got == (72, 28, 32)
     assert out["prompt_tokens_reused"] == 40
     assert out["computed_over_new_prompt_tokens"] == pytest.approx(32 / 28)
     assert out["ttft_last_turn_over_first"] == pytest.approx(3.0) and out["ttft_last_turn"] == 2

@@ -80,6 +80,19 @@ def test_agent_run_metrics_goodput_and_checks(tmp_path: Path) -> None:
         assert ck["prefix"]["exact"] == 6 and ck["prefix"]["warm"] == 6  # turn n+1 reuses all of turn n
         assert [r["turn"] for r in lv["by_turn"]] == [0, 1, 2]
         assert lv["tasks"] == 3 and lv["tasks_completed"] == 3
+        assert lv["prompt_tokens_computed"] + lv["prompt_tokens_reused"] == lv["prompt_tokens_total"]
+        ratio = lv["prompt_tokens_computed"] / lv["new_prompt_tokens"]  # the script claims full reuse
+        assert lv["computed_over_new_prompt_tokens"] == pytest.approx(ratio) and lv["ttft_last_turn"] == 2
+    # The closing output fits an 80-column terminal: no header or cell is cut to "…".
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    report.print_closing(Console(file=out, width=80), summary, tmp_path)
+    text = out.getvalue()
+    assert "…" not in text and text.rstrip().endswith(str(tmp_path))
+    assert sum("few samples" in line for line in text.splitlines()) == 2  # one line per level
     files = {p.name for p in tmp_path.iterdir()}
     assert {"requests.jsonl", "summary.json", "results.jsonl", "summary.csv", "command.txt", "plots"} <= files
     assert len((tmp_path / "requests.jsonl").read_text().splitlines()) == 18
@@ -188,6 +201,10 @@ def test_cli_against_url(tmp_path: Path) -> None:
             app, ["serve-load", "--url", srv.url, "--model-name", "nope", "--out", str(tmp_path / "x")]
         )
         assert res.exit_code == 2
+        res = CliRunner().invoke(
+            app, ["serve-load", "--url", srv.url, "--engine-baseline", "--workload", "fixed"]
+        )
+        assert res.exit_code == 2 and "--engine-baseline needs" in res.output
 
 
 def _env() -> dict:

