@@ -105,74 +105,26 @@ def generate(
     # Warm-up: the same generation once (EOS ignored, so every decode position and KV bucket the
     # timed run can reach is compiled); its time is compiles plus one run.
     t0 = time.perf_counter()
-    run_generation(engine, [ids_in] * batch, max_tokens, sampling, ignore_eos=True)
+    engine.generate([ids_in] * batch, max_tokens, sampling, ignore_eos=True)
     first_s = time.perf_counter() - t0
 
-    timing = run_generation(engine, [ids_in] * batch, max_tokens, sampling, ignore_eos=ignore_eos)
-    steady_s = timing["prefill_s"] + timing["decode_s"]
+    run = engine.generate([ids_in] * batch, max_tokens, sampling, ignore_eos=ignore_eos)
+    steady_s = run.prefill_s + run.decode_s
     console.print(
         f"first run (compiles + one run): {first_s:.1f} s; steady run {steady_s:.2f} s "
         f"(compile ≈ {max(first_s - steady_s, 0.0):.1f} s)"
     )
-    steps = timing["decode_steps"]
+    steps = len(run.step_s)
     console.print(
-        f"prefill: {timing['prefill_s'] * 1e3:.1f} ms for {batch} × {len(ids_in)} tokens "
-        f"({timing['prefill_s'] * 1e3 / batch:.1f} ms per sequence, "
-        f"{batch * len(ids_in) / timing['prefill_s']:.0f} tok/s)"
+        f"prefill: {run.prefill_s * 1e3:.1f} ms for {batch} × {len(ids_in)} tokens "
+        f"({run.prefill_s * 1e3 / batch:.1f} ms per sequence, "
+        f"{batch * len(ids_in) / run.prefill_s:.0f} tok/s)"
     )
     if steps:
         console.print(
-            f"decode: {steps} steps in {timing['decode_s'] * 1e3:.1f} ms "
-            f"({timing['decode_s'] * 1e3 / steps:.1f} ms/step median {np.median(timing['step_s']) * 1e3:.1f}), "
-            f"{timing['decode_tokens'] / timing['decode_s']:.1f} tok/s aggregate at batch {batch}"
+            f"decode: {steps} steps in {run.decode_s * 1e3:.1f} ms "
+            f"({run.decode_s * 1e3 / steps:.1f} ms/step median {np.median(run.step_s) * 1e3:.1f}), "
+            f"{run.decode_tokens / run.decode_s:.1f} tok/s aggregate at batch {batch}"
         )
-    for out in timing["outputs"]:
+    for out in run.outputs:
         typer.echo(" ".join(map(str, out)) if ids else tokenizer.decode(out))
-
-
-def run_generation(engine, prompts, max_tokens: int, sampling, *, ignore_eos: bool = False) -> dict:
-    """Prefill every prompt into its own slot (timed as one span), then decode all slots together
-    (timed per step) until each has `max_tokens` tokens or emitted EOS (unless `ignore_eos`).
-
-    Returns outputs (per prompt), prefill_s, decode_s, step_s (list), decode_steps and
-    decode_tokens (tokens produced by decode steps, all slots)."""
-    import time
-
-    import numpy as np
-
-    S, chunk = engine.ecfg.max_slots, engine.ecfg.chunk_size
-    tokens, positions, active = np.zeros(S, np.int32), np.zeros(S, np.int32), np.zeros(S, bool)
-    outputs: list[list[int]] = [[] for _ in prompts]
-    t0 = time.perf_counter()
-    for slot, prompt in enumerate(prompts):
-        for s in range(0, len(prompt), chunk):
-            nxt = engine.prefill(
-                slot, prompt[s : s + chunk], s, sampling if s + chunk >= len(prompt) else None
-            )
-        outputs[slot].append(nxt)
-        tokens[slot], positions[slot] = nxt, len(prompt)
-        active[slot] = max_tokens > 1 and (ignore_eos or nxt not in engine.eos_token_ids)
-    prefill_s = time.perf_counter() - t0
-
-    step_s: list[float] = []
-    decode_tokens = 0
-    while active.any():
-        t = time.perf_counter()
-        nxt = engine.decode(tokens, positions, active)  # numpy: the step has finished
-        step_s.append(time.perf_counter() - t)
-        for slot in np.flatnonzero(active):
-            outputs[slot].append(int(nxt[slot]))
-            decode_tokens += 1
-            tokens[slot], positions[slot] = nxt[slot], positions[slot] + 1
-            done = len(outputs[slot]) >= max_tokens or (
-                not ignore_eos and int(nxt[slot]) in engine.eos_token_ids
-            )
-            active[slot] = not done
-    return {
-        "outputs": outputs,
-        "prefill_s": prefill_s,
-        "decode_s": float(sum(step_s)),
-        "step_s": step_s,
-        "decode_steps": len(step_s),
-        "decode_tokens": decode_tokens,
-    }

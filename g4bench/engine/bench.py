@@ -138,5 +138,8 @@ def make_decode_bench(case: DecodeCase, seed: int = 0, compute_dtype: Any = None
     if case.ctx < 1 or case.batch < 1:
         raise ValueError(f"batch and ctx must be positive, got batch={case.batch} ctx={case.ctx}")
     return DecodeBench(
-        case=case, cfg=load_config(case.model), compute_dtype=compute_dtype or platform_compute_dtype(), seed=seed
+        case=case,
+        cfg=load_config(case.model),
+        compute_dtype=compute_dtype or platform_compute_dtype(),
+        seed=seed,
     )

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -89,7 +89,9 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
 class Engine:
     """Owns params and the batched KV cache; see the module docstring for the call protocol."""
 
-    def __init__(self, cfg: ModelConfig, params: Params, ecfg: EngineConfig | None = None, compute_dtype: Any = None):
+    def __init__(
+        self, cfg: ModelConfig, params: Params, ecfg: EngineConfig | None = None, compute_dtype: Any = None
+    ):
         self.cfg = cfg
         self.ecfg = ecfg or EngineConfig()
         self.layout = self.ecfg.layout
@@ -204,34 +206,62 @@ class Engine:
         return time.perf_counter() - t0
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], max_tokens: int, sampling: SamplingParams | None = None
-    ) -> list[list[int]]:
-        """Batch helper (CLI `generate`, tests): prompts into slots 0.., then decode together until
-        each has `max_tokens` tokens or emits EOS. Prompts must fit `max_slots`."""
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_tokens: int,
+        sampling: SamplingParams | None = None,
+        *,
+        ignore_eos: bool = False,
+    ) -> Generation:
+        """Batch helper (CLI `generate`, tests): each prompt prefilled chunk by chunk into its own
+        slot (timed as one span), then all slots decoded together (timed per step) until each has
+        `max_tokens` tokens or emitted EOS (unless `ignore_eos`). Both calls return host values,
+        so the clock stops only after the device finished."""
         if len(prompts) > self.ecfg.max_slots:
             raise ValueError(f"{len(prompts)} prompts but only {self.ecfg.max_slots} slots")
         sampling = sampling or SamplingParams()
-        S = self.ecfg.max_slots
-        out: list[list[int]] = [[] for _ in prompts]
+        S, chunk = self.ecfg.max_slots, self.ecfg.chunk_size
         tokens, positions, active = np.zeros(S, np.int32), np.zeros(S, np.int32), np.zeros(S, bool)
+        out = Generation(outputs=[[] for _ in prompts])
+        t0 = time.perf_counter()
         for slot, prompt in enumerate(prompts):
             if len(prompt) + max_tokens > self.ecfg.max_len:
-                raise ValueError(f"prompt {slot}: {len(prompt)} + {max_tokens} tokens exceed max_len {self.ecfg.max_len}")
-            step = self.ecfg.chunk_size
-            for s in range(0, len(prompt), step):
-                last = s + step >= len(prompt)
-                nxt = self.prefill(slot, prompt[s : s + step], s, sampling if last else None)
-            out[slot].append(nxt)
-            tokens[slot], positions[slot], active[slot] = nxt, len(prompt), nxt not in self.eos_token_ids
-        while active.any() and any(len(o) < max_tokens for o, a in zip(out, active, strict=False) if a):
+                raise ValueError(
+                    f"prompt {slot}: {len(prompt)} + {max_tokens} tokens exceed max_len {self.ecfg.max_len}"
+                )
+            for s in range(0, len(prompt), chunk):
+                nxt = self.prefill(
+                    slot, prompt[s : s + chunk], s, sampling if s + chunk >= len(prompt) else None
+                )
+            out.outputs[slot].append(nxt)
+            tokens[slot], positions[slot] = nxt, len(prompt)
+            active[slot] = max_tokens > 1 and (ignore_eos or nxt not in self.eos_token_ids)
+        out.prefill_s = time.perf_counter() - t0
+        while active.any():
+            t = time.perf_counter()
             nxt = self.decode(tokens, positions, active)
-            for slot in range(len(prompts)):
-                if active[slot]:
-                    out[slot].append(int(nxt[slot]))
-                    tokens[slot], positions[slot] = nxt[slot], positions[slot] + 1
-                    if nxt[slot] in self.eos_token_ids or len(out[slot]) >= max_tokens:
-                        active[slot] = False
+            out.step_s.append(time.perf_counter() - t)
+            for slot in np.flatnonzero(active):
+                out.outputs[slot].append(int(nxt[slot]))
+                out.decode_tokens += 1
+                tokens[slot], positions[slot] = nxt[slot], positions[slot] + 1
+                eos = not ignore_eos and int(nxt[slot]) in self.eos_token_ids
+                active[slot] = len(out.outputs[slot]) < max_tokens and not eos
         return out
+
+
+@dataclass
+class Generation:
+    """What `Engine.generate` produced: tokens per prompt and where the time went."""
+
+    outputs: list[list[int]]
+    prefill_s: float = 0.0
+    step_s: list[float] = field(default_factory=list)
+    decode_tokens: int = 0
+
+    @property
+    def decode_s(self) -> float:
+        return float(sum(self.step_s))
 
 
 # ---------------------------------------------------------------------------- jitted programs
@@ -248,13 +278,23 @@ def _prefill_step(params, cache, sampling, tokens, start, n_valid, slot, *, cfg,
 
 def _decode_step(params, cache, sampling, tokens, positions, active, *, cfg, layout, cdt, kv_len):
     logits, cache = forward(
-        params, tokens[:, None], positions, active.astype(jnp.int32), cache, cfg, layout, kv_len=kv_len, compute_dtype=cdt
+        params,
+        tokens[:, None],
+        positions,
+        active.astype(jnp.int32),
+        cache,
+        cfg,
+        layout,
+        kv_len=kv_len,
+        compute_dtype=cdt,
     )
     return cache, logits, sample(logits, positions, sampling, cfg.eos_token_ids)
 
 
 def _copy_row(cache, src, dst):
     return jax.tree_util.tree_map(
-        lambda x: jax.lax.dynamic_update_slice_in_dim(x, jax.lax.dynamic_slice_in_dim(x, src, 1, axis=0), dst, axis=0),
+        lambda x: jax.lax.dynamic_update_slice_in_dim(
+            x, jax.lax.dynamic_slice_in_dim(x, src, 1, axis=0), dst, axis=0
+        ),
         cache,
     )

@@ -38,7 +38,9 @@ def is_checkpoint(model: str | Path) -> bool:
     return p.is_dir() and any(p.glob("*.safetensors"))
 
 
-def load_model(model: str | Path, fmt: WeightFormat | None = None, seed: int = 0) -> tuple[ModelConfig, Params, Path | None]:
+def load_model(
+    model: str | Path, fmt: WeightFormat | None = None, seed: int = 0
+) -> tuple[ModelConfig, Params, Path | None]:
     """(config, device params, tokenizer directory or None for synthetic models)."""
     if is_checkpoint(model):
         cfg, host = load_checkpoint(model, fmt)

@@ -71,7 +71,9 @@ class SamplingState:
         )
 
     def with_suppress_eos(self, slot: int, on: bool) -> SamplingState:
-        return SamplingState(self.temperature, self.top_k, self.top_p, self.seed, self.suppress_eos.at[slot].set(on))
+        return SamplingState(
+            self.temperature, self.top_k, self.top_p, self.seed, self.suppress_eos.at[slot].set(on)
+        )
 
 
 jax.tree_util.register_dataclass(

@@ -32,7 +32,15 @@ from g4bench.model.params import Params, WeightFormat, linear_dims, param_specs
 from g4bench.model.quant import dequantize_w4a16_np, quantize_ple_np, quantize_w4a16_np
 
 PREFIXES = ("model.language_model.", "language_model.model.", "model.")
-SKIP_MARKERS = ("vision_tower", "audio_tower", "vision_model", "audio_model", "multi_modal_projector", "embed_vision", "embed_audio")
+SKIP_MARKERS = (
+    "vision_tower",
+    "audio_tower",
+    "vision_model",
+    "audio_model",
+    "multi_modal_projector",
+    "embed_vision",
+    "embed_audio",
+)
 
 # Our short names → checkpoint names (relative to the text prefix / `layers.N.`).
 TOP_LEVEL = {
@@ -77,7 +85,7 @@ class TensorIndex:
         self.file_of: dict[str, Path] = {}
         for f in files:
             with safe_open(str(f), framework="numpy") as handle:
-                for name in handle.keys():
+                for name in handle.keys():  # noqa: SIM118 (safe_open is not iterable)
                     if not any(marker in name for marker in SKIP_MARKERS):
                         self.file_of[name] = f
         self.prefix = next((p for p in PREFIXES if f"{p}embed_tokens.weight" in self.file_of), None)
@@ -105,20 +113,28 @@ class TensorIndex:
 
 def _expect(index: TensorIndex, name: str, arr: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     if tuple(arr.shape) != tuple(shape):
-        raise CheckpointError(f"tensor {index.where(name)} has shape {tuple(arr.shape)}, expected {tuple(shape)}")
+        raise CheckpointError(
+            f"tensor {index.where(name)} has shape {tuple(arr.shape)}, expected {tuple(shape)}"
+        )
     return arr
 
 
 def _load_linear(index: TensorIndex, name: str, in_dim: int, out_dim: int, layers: str) -> dict[str, Any]:
     if index.has(f"{name}.weight_packed"):
-        packed = _expect(index, f"{name}.weight_packed", index.get(f"{name}.weight_packed"), (out_dim, in_dim // 8))
+        packed = _expect(
+            index, f"{name}.weight_packed", index.get(f"{name}.weight_packed"), (out_dim, in_dim // 8)
+        )
         if packed.dtype != np.int32:
-            raise CheckpointError(f"tensor {index.where(name + '.weight_packed')} is {packed.dtype}, expected int32")
+            raise CheckpointError(
+                f"tensor {index.where(name + '.weight_packed')} is {packed.dtype}, expected int32"
+            )
         scale = index.get(f"{name}.weight_scale")
         if scale.ndim != 2 or scale.shape[0] != out_dim or in_dim % scale.shape[1]:
             raise CheckpointError(f"tensor {index.where(name + '.weight_scale')} has shape {scale.shape}")
         if scale.shape[1] != in_dim // 32:
-            raise CheckpointError(f"{index.where(name + '.weight_scale')}: group size {in_dim // scale.shape[1]}, expected 32")
+            raise CheckpointError(
+                f"{index.where(name + '.weight_scale')}: group size {in_dim // scale.shape[1]}, expected 32"
+            )
         if layers == "w4a16":
             return {"packed": packed, "scale": scale.astype(ml_dtypes.bfloat16)}
         dense = dequantize_w4a16_np(packed, scale)
@@ -157,9 +173,9 @@ def load_checkpoint(directory: str | Path, fmt: WeightFormat | None = None) -> t
         return _expect(index, name, index.get(name), (dim,)).astype(np.float32)
 
     params: Params = {
-        "embed": _expect(index, "embed_tokens.weight", index.get("embed_tokens.weight"), (cfg.vocab_size, H)).astype(
-            _np_dtype(fmt.embed)
-        ),
+        "embed": _expect(
+            index, "embed_tokens.weight", index.get("embed_tokens.weight"), (cfg.vocab_size, H)
+        ).astype(_np_dtype(fmt.embed)),
         "final_norm": norm("norm.weight", H),
         "layers": [],
     }
@@ -199,4 +215,3 @@ def to_device(params: Params) -> Params:
     import jax
 
     return jax.tree_util.tree_map(jnp.asarray, params)
-

@@ -94,12 +94,16 @@ class ModelConfig:
                 f"rope_parameters.sliding_attention.rope_type={sliding_rope.get('rope_type')!r}"
             )
         if full_rope.get("rope_type", "default") not in ("default", "proportional"):
-            raise UnsupportedConfigError(f"rope_parameters.full_attention.rope_type={full_rope.get('rope_type')!r}")
+            raise UnsupportedConfigError(
+                f"rope_parameters.full_attention.rope_type={full_rope.get('rope_type')!r}"
+            )
         for which, params in ((SLIDING, sliding_rope), (FULL, full_rope)):
             if params.get("factor", 1.0) != 1.0:
                 raise UnsupportedConfigError(f"rope_parameters.{which}.factor={params['factor']}")
         full_factor = (
-            float(full_rope.get("partial_rotary_factor", 1.0)) if full_rope.get("rope_type") == "proportional" else 1.0
+            float(full_rope.get("partial_rotary_factor", 1.0))
+            if full_rope.get("rope_type") == "proportional"
+            else 1.0
         )
         # num_global_key_value_heads only applies together with attention_k_eq_v in HF (rejected above).
         eos = d.get("eos_token_id", 1)
@@ -141,7 +145,9 @@ class ModelConfig:
             raise UnsupportedConfigError(f"num_kv_shared_layers={self.num_kv_shared_layers}")
         owners = set(self.layer_types[: self.first_kv_shared_layer])
         if self.num_kv_shared_layers and set(self.layer_types[self.first_kv_shared_layer :]) - owners:
-            raise UnsupportedConfigError("num_kv_shared_layers: a shared layer type has no earlier layer storing KV")
+            raise UnsupportedConfigError(
+                "num_kv_shared_layers: a shared layer type has no earlier layer storing KV"
+            )
         return self
 
     def scaled(self, **changes: Any) -> ModelConfig:
@@ -164,7 +170,9 @@ class ModelConfig:
         """Layer → the layer whose K/V it attends with: itself below the first shared layer, else the
         last non-shared layer of the same type (E2B: sliding → 13, full → 14)."""
         first = self.first_kv_shared_layer
-        last_of = {t: max(i for i in range(first) if self.layer_types[i] == t) for t in set(self.layer_types[:first])}
+        last_of = {
+            t: max(i for i in range(first) if self.layer_types[i] == t) for t in set(self.layer_types[:first])
+        }
         return tuple(i if i < first else last_of[self.layer_types[i]] for i in range(self.num_hidden_layers))
 
     def kv_source(self, layer: int) -> int:
@@ -200,7 +208,9 @@ class ModelConfig:
         factor = self.partial_rotary_factor_full if self.is_full(layer) else 1.0
         return int(factor * d // 2)
 
-    def kv_bytes_per_token(self, kv_dtype: str = "bf16", *, sliding: str = "full", ctx: int | None = None) -> float:
+    def kv_bytes_per_token(
+        self, kv_dtype: str = "bf16", *, sliding: str = "full", ctx: int | None = None
+    ) -> float:
         """KV bytes one token occupies, summed over the KV-owning layers (K and V).
 
         `sliding="ring"` caps sliding layers at the window: then the figure depends on the context
@@ -227,11 +237,17 @@ def _global_head_dim(d: dict[str, Any], layer_types: tuple[str, ...]) -> int:
     if d.get("global_head_dim"):
         return int(d["global_head_dim"])
     overrides = d.get("per_layer_config") or {}
-    dims = {int(v["head_dim"]) for k, v in overrides.items() if layer_types[int(k)] == FULL and "head_dim" in v}
+    dims = {
+        int(v["head_dim"]) for k, v in overrides.items() if layer_types[int(k)] == FULL and "head_dim" in v
+    }
     if len(dims) > 1:
-        raise UnsupportedConfigError(f"per_layer_config: full-attention layers disagree on head_dim {sorted(dims)}")
+        raise UnsupportedConfigError(
+            f"per_layer_config: full-attention layers disagree on head_dim {sorted(dims)}"
+        )
     if any("num_key_value_heads" in v for v in overrides.values()):
-        raise UnsupportedConfigError("per_layer_config.num_key_value_heads: per-layer KV heads are a K=V (31B) feature")
+        raise UnsupportedConfigError(
+            "per_layer_config.num_key_value_heads: per-layer KV heads are a K=V (31B) feature"
+        )
     return dims.pop() if dims else 512
 
 
@@ -247,7 +263,9 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
     if candidate.is_file():
         return candidate
     known = sorted(list(PRESET_ALIASES) + [f.stem for f in CONFIG_DIR.glob("*.json")])
-    raise FileNotFoundError(f"no model config {name_or_path!r}: not a file or directory, and not a preset ({known})")
+    raise FileNotFoundError(
+        f"no model config {name_or_path!r}: not a file or directory, and not a preset ({known})"
+    )
 
 
 def load_config(name_or_path: str | Path) -> ModelConfig:

@@ -57,7 +57,9 @@ def linear(x: jax.Array, lin: dict[str, jax.Array]) -> jax.Array:
     return jnp.einsum("...i,oi->...o", x, w)
 
 
-def rope_tables(positions: jax.Array, head_dim: int, theta: float, rotary_pairs: int) -> tuple[jax.Array, jax.Array]:
+def rope_tables(
+    positions: jax.Array, head_dim: int, theta: float, rotary_pairs: int
+) -> tuple[jax.Array, jax.Array]:
     """cos, sin [B, T, head_dim] for `cat(freqs, freqs)` pairing (i, i + d/2); pairs ≥ rotary_pairs
     get frequency 0 (identity) — HF's "proportional" partial RoPE."""
     i = jnp.arange(head_dim // 2, dtype=jnp.float32)
@@ -75,7 +77,12 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def attend(
-    q: jax.Array, keys: jax.Array, vals: jax.Array, kscale: jax.Array | None, vscale: jax.Array | None, mask: jax.Array
+    q: jax.Array,
+    keys: jax.Array,
+    vals: jax.Array,
+    kscale: jax.Array | None,
+    vscale: jax.Array | None,
+    mask: jax.Array,
 ) -> jax.Array:
     """Grouped-query attention without repeating K/V.
 
@@ -223,18 +230,24 @@ def forward(
             if layout.is_ring(cfg, i):
                 W = entry["k"].shape[2]
                 ring = entry if rows is None else {name: arr[rows] for name, arr in entry.items()}
-                kv = {name: jnp.concatenate([ring[name], new[name].astype(ring[name].dtype)], axis=2) for name in ring}
+                kv = {
+                    name: jnp.concatenate([ring[name], new[name].astype(ring[name].dtype)], axis=2)
+                    for name in ring
+                }
                 key_pos = jnp.concatenate([_ring_positions(start, W), positions], axis=1)
                 key_ok = jnp.concatenate([_ring_positions(start, W) >= 0, valid_q], axis=1)
                 updated = _write_ring(ring, new, start, n_valid)
                 new_cache[slot] = (
-                    updated if rows is None else {name: entry[name].at[rows].set(updated[name]) for name in entry}
+                    updated
+                    if rows is None
+                    else {name: entry[name].at[rows].set(updated[name]) for name in entry}
                 )
             else:
                 written = _write_full(entry, new, write_pos, rows)
                 new_cache[slot] = written
                 kv = {
-                    name: arr[:, :, :kv_len] if rows is None else arr[rows, :, :kv_len] for name, arr in written.items()
+                    name: arr[:, :, :kv_len] if rows is None else arr[rows, :, :kv_len]
+                    for name, arr in written.items()
                 }
                 key_pos = jnp.broadcast_to(jnp.arange(kv_len, dtype=jnp.int32)[None, :], (B, kv_len))
                 key_ok = jnp.ones((B, kv_len), bool)
@@ -268,7 +281,9 @@ def forward(
     return (logits if all_logits else logits[:, 0]), new_cache
 
 
-def _per_layer_inputs(params: dict[str, Any], tokens: jax.Array, h: jax.Array, cfg: ModelConfig, cdt: Any) -> jax.Array:
+def _per_layer_inputs(
+    params: dict[str, Any], tokens: jax.Array, h: jax.Array, cfg: ModelConfig, cdt: Any
+) -> jax.Array:
     """PLE: (rms(h Wple · H^-½)·w + table[token] · √P) · 2^-½ → [B, T, L, P]. The table is gathered."""
     B, T = tokens.shape
     L, P = cfg.num_hidden_layers, cfg.hidden_size_per_layer_input

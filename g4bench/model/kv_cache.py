@@ -76,7 +76,10 @@ def init_cache(cfg: ModelConfig, slots: int, layout: CacheLayout) -> Cache:
 
 def cache_bytes(cfg: ModelConfig, slots: int, layout: CacheLayout) -> int:
     return int(
-        sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(cache_specs(cfg, slots, layout)))
+        sum(
+            x.size * jnp.dtype(x.dtype).itemsize
+            for x in jax.tree_util.tree_leaves(cache_specs(cfg, slots, layout))
+        )
     )
 
 

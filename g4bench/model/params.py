@@ -122,7 +122,12 @@ def param_specs(cfg: ModelConfig, fmt: WeightFormat) -> Params:
         tree["ple_proj"] = linear_spec(H, cfg.ple_width, fmt.layers)
         tree["ple_norm"] = _norm(P)
     for i in range(cfg.num_hidden_layers):
-        hd, nh, kvh, inter = cfg.head_dim_of(i), cfg.num_attention_heads, cfg.kv_heads_of(i), cfg.mlp_width_of(i)
+        hd, nh, kvh, inter = (
+            cfg.head_dim_of(i),
+            cfg.num_attention_heads,
+            cfg.kv_heads_of(i),
+            cfg.mlp_width_of(i),
+        )
         layer: Params = {
             "input_norm": _norm(H),
             "post_attn_norm": _norm(H),

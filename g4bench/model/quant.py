@@ -31,7 +31,11 @@ def pack_int4_np(q: np.ndarray) -> np.ndarray:
     out_dim, in_dim = q.shape
     if in_dim % NIBBLES_PER_WORD:
         raise ValueError(f"input dim {in_dim} is not a multiple of {NIBBLES_PER_WORD}")
-    u = (q.astype(np.int64) + 8).astype(np.uint32).reshape(out_dim, in_dim // NIBBLES_PER_WORD, NIBBLES_PER_WORD)
+    u = (
+        (q.astype(np.int64) + 8)
+        .astype(np.uint32)
+        .reshape(out_dim, in_dim // NIBBLES_PER_WORD, NIBBLES_PER_WORD)
+    )
     shifts = (4 * np.arange(NIBBLES_PER_WORD, dtype=np.uint32))[None, None, :]
     words = np.bitwise_or.reduce(u << shifts, axis=-1)
     return words.view(np.int32)

@@ -292,7 +292,7 @@ def test_prefill_errors_are_clear(engine_full):
 def test_generate_helper_matches_greedy_run(seq, engine_full):
     """Engine.generate (the CLI's batch helper) gives the same greedy tokens as a manual run, for
     two prompts batched together."""
-    out = engine_full.generate([seq[:PROMPT], seq[:12]], max_tokens=6)
+    out = engine_full.generate([seq[:PROMPT], seq[:12]], max_tokens=6).outputs
     alone = [greedy_run(engine_full, 2, p, 5)[0] for p in (seq[:PROMPT], seq[:12])]
     for got, want in zip(out, alone, strict=True):
         stop = next((i + 1 for i, t in enumerate(want) if t in engine_full.eos_token_ids), len(want))
