@@ -181,7 +181,9 @@ def render_ceilings(
 
 
 @register_plotter("capacity")
-def plot_capacity(records: Sequence[dict[str, Any]], out_dir: Path, console: Any) -> list[Path]:
+def plot_capacity(
+    records: Sequence[dict[str, Any]], run_dir: Path, out_dir: Path, console: Any
+) -> list[Path]:
     """Capacity frontier: max agents vs context per agent, per KV dtype × sliding, fleet grid marked."""
     from harness.plots import _pyplot
 

@@ -187,7 +187,7 @@ def run_capacity(req: dict[str, Any], *, out: Path | None, argv: list[str], cons
     write_admission_csv(run_dir / "admission.csv", rows)
     write_summary(run_dir, records)
     render_ceilings(outcome.ceilings, rows, s, console)
-    paths = plot_capacity(records, run_dir / "plots", console)
+    paths = plot_capacity(records, run_dir, run_dir / "plots", console)
     for p in paths:
         console.print(f"wrote {p}", soft_wrap=True)
     return outcome

@@ -3,8 +3,8 @@
 Data flow: `plot_run` reads results.jsonl (harness/results.py), groups records by their `kind`, and
 hands each group to the plotter registered for that kind (`register_plotter`); each plotter writes
 ``RUN_DIR/plots/<figure>.png`` and ``.svg`` and returns the paths. Kinds without records are
-skipped; a kind without a plotter is reported, not an error (serve-load and capacity plots are
-added by their owners with ``@register_plotter("serve-load")``).
+skipped; a kind without a plotter is reported, not an error. Capacity and serve-load figures are
+registered by their own modules (`PLUGINS`).
 
 Figures:
 
@@ -27,7 +27,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-Plotter = Callable[[Sequence[dict[str, Any]], Path, Any], list[Path]]
+Plotter = Callable[[Sequence[dict[str, Any]], Path, Path, Any], list[Path]]
+# Modules that register plotters for their own record kinds (imported on demand by plot_run).
+PLUGINS = ("harness.capacity_report", "harness.load.plots")
 PLOTTERS: dict[str, Plotter] = {}
 # Kinds that ride along with another kind's figures rather than getting their own.
 COMPANION_KINDS = {"ratio": "revalidate"}
@@ -35,7 +37,7 @@ MODEL_IDS = {"e2b": "google/gemma-4-E2B-it", "e4b": "google/gemma-4-E4B-it"}
 
 
 def register_plotter(kind: str) -> Callable[[Plotter], Plotter]:
-    """Decorator: `fn(records, out_dir, console) -> [paths]` draws the figures of one record kind."""
+    """Decorator: `fn(records, run_dir, out_dir, console) -> [paths]` draws the figures of one record kind."""
 
     def deco(fn: Plotter) -> Plotter:
         PLOTTERS[kind] = fn
@@ -66,10 +68,14 @@ def save(fig: Any, out_dir: Path, stem: str) -> list[Path]:
 
 def plot_run(run_dir: Path, out_dir: Path | None = None, console: Any = None) -> list[Path]:
     """Draw every figure the run's records support; returns the files written."""
+    import importlib
+
     from rich.console import Console
 
     from harness.results import read_records
 
+    for module in PLUGINS:
+        importlib.import_module(module)
     console = console or Console(stderr=True)
     records = read_records(Path(run_dir))
     out_dir = Path(out_dir) if out_dir is not None else Path(run_dir) / "plots"
@@ -82,7 +88,7 @@ def plot_run(run_dir: Path, out_dir: Path | None = None, console: Any = None) ->
         if plotter is None:
             console.print(f"[yellow]no plotter for {kind!r} records yet; skipped[/yellow]")
             continue
-        written += plotter(group, out_dir, console)
+        written += plotter(group, Path(run_dir), out_dir, console)
     if "roofline" not in by_kind:
         console.print(
             "[dim]no roofline records in this run (g4bench roofline makes them); bandwidth figure skipped[/dim]"
@@ -197,7 +203,9 @@ def _throughput_figure(meas: Sequence[dict[str, Any]], out_dir: Path) -> list[Pa
 
 
 @register_plotter("revalidate")
-def plot_revalidate(records: Sequence[dict[str, Any]], out_dir: Path, console: Any) -> list[Path]:
+def plot_revalidate(
+    records: Sequence[dict[str, Any]], run_dir: Path, out_dir: Path, console: Any
+) -> list[Path]:
     """step_time (bars + verdicts) and throughput (vs the vLLM v6e baseline) figures."""
     plt = _pyplot()
     meas = [r for r in records if r["kind"] == "revalidate"]
@@ -227,7 +235,9 @@ def plot_revalidate(records: Sequence[dict[str, Any]], out_dir: Path, console: A
 
 
 @register_plotter("roofline")
-def plot_roofline(records: Sequence[dict[str, Any]], out_dir: Path, console: Any) -> list[Path]:
+def plot_roofline(
+    records: Sequence[dict[str, Any]], run_dir: Path, out_dir: Path, console: Any
+) -> list[Path]:
     """Achieved GB/s per case against the calibrated roofline (and nameplate peak if known)."""
     from harness.hardware import hardware_for_device
 

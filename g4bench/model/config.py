@@ -175,6 +175,10 @@ class ModelConfig:
         }
         return tuple(i if i < first else last_of[self.layer_types[i]] for i in range(self.num_hidden_layers))
 
+    def kv_store_layer(self, layer_type: str) -> int:
+        """The last KV-owning layer of a type: the one whose K/V the shared layers of that type use."""
+        return max(i for i in self.kv_layers if self.layer_types[i] == layer_type)
+
     def kv_source(self, layer: int) -> int:
         return self.kv_share_map[layer]
 

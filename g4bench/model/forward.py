@@ -157,6 +157,45 @@ def _ring_positions(start: jax.Array, W: int) -> jax.Array:
     return last - jnp.mod(last - jnp.arange(W)[None, :], W)
 
 
+def _update_and_read(
+    entry: dict[str, jax.Array],
+    new: dict[str, jax.Array],
+    start: jax.Array,
+    n_valid: jax.Array,
+    positions: jax.Array,
+    valid_q: jax.Array,
+    write_pos: jax.Array,
+    *,
+    rows: jax.Array | None,
+    ring: bool,
+    kv_len: int,
+) -> tuple[dict[str, jax.Array], dict[str, jax.Array], jax.Array, jax.Array]:
+    """Write this call's K/V into one layer's cache and return what the layer attends over.
+
+    Returns (updated cache entry, keys/values(/scales) [B, kvh, K(, d)], key positions [B, K],
+    key valid [B, K]). A full-length cache is written first and its first kv_len positions read
+    (stale positions beyond the sequence are excluded by the causal mask). A ring is read as its
+    W entries before this chunk plus the chunk itself (W + T keys), then rewritten."""
+    if ring:
+        W = entry["k"].shape[2]
+        old = entry if rows is None else {name: arr[rows] for name, arr in entry.items()}
+        kv = {name: jnp.concatenate([old[name], new[name].astype(old[name].dtype)], axis=2) for name in old}
+        ring_pos = _ring_positions(start, W)
+        key_pos = jnp.concatenate([ring_pos, positions], axis=1)
+        key_ok = jnp.concatenate([ring_pos >= 0, valid_q], axis=1)
+        updated = _write_ring(old, new, start, n_valid)
+        if rows is not None:
+            updated = {name: entry[name].at[rows].set(updated[name]) for name in entry}
+        return updated, kv, key_pos, key_ok
+    written = _write_full(entry, new, write_pos, rows)
+    kv = {
+        name: arr[:, :, :kv_len] if rows is None else arr[rows, :, :kv_len] for name, arr in written.items()
+    }
+    B = positions.shape[0]
+    key_pos = jnp.broadcast_to(jnp.arange(kv_len, dtype=jnp.int32)[None, :], (B, kv_len))
+    return written, kv, key_pos, jnp.ones((B, kv_len), bool)
+
+
 # ---------------------------------------------------------------------------- the pass
 def forward(
     params: dict[str, Any],
@@ -209,10 +248,10 @@ def forward(
     for i, lp in enumerate(params["layers"]):
         if i == cfg.first_kv_shared_layer and cfg.num_kv_shared_layers and not all_logits:
             # Shared layers write no K/V: only the last real token's query matters from here on.
-            rows = jnp.arange(B)
-            h, q_pos = h[rows, last_idx][:, None], q_pos[rows, last_idx][:, None]
-            ple = ple[rows, last_idx][:, None] if ple is not None else None
-            rope = {t: (c[rows, last_idx][:, None], s[rows, last_idx][:, None]) for t, (c, s) in rope.items()}
+            b = jnp.arange(B)
+            h, q_pos = h[b, last_idx][:, None], q_pos[b, last_idx][:, None]
+            ple = ple[b, last_idx][:, None] if ple is not None else None
+            rope = {t: (c[b, last_idx][:, None], s[b, last_idx][:, None]) for t, (c, s) in rope.items()}
         ltype = cfg.layer_types[i]
         hd, nh = cfg.head_dim_of(i), cfg.num_attention_heads
         cos, sin = rope[ltype]
@@ -226,32 +265,19 @@ def forward(
             v = rms_norm(linear(x, lp["v"]).reshape(B, T, kvh, hd), None, eps)
             new = _store(k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), layout.quantized)
             slot = cfg.kv_layers.index(i)
-            entry = cache[slot]
-            if layout.is_ring(cfg, i):
-                W = entry["k"].shape[2]
-                ring = entry if rows is None else {name: arr[rows] for name, arr in entry.items()}
-                kv = {
-                    name: jnp.concatenate([ring[name], new[name].astype(ring[name].dtype)], axis=2)
-                    for name in ring
-                }
-                key_pos = jnp.concatenate([_ring_positions(start, W), positions], axis=1)
-                key_ok = jnp.concatenate([_ring_positions(start, W) >= 0, valid_q], axis=1)
-                updated = _write_ring(ring, new, start, n_valid)
-                new_cache[slot] = (
-                    updated
-                    if rows is None
-                    else {name: entry[name].at[rows].set(updated[name]) for name in entry}
-                )
-            else:
-                written = _write_full(entry, new, write_pos, rows)
-                new_cache[slot] = written
-                kv = {
-                    name: arr[:, :, :kv_len] if rows is None else arr[rows, :, :kv_len]
-                    for name, arr in written.items()
-                }
-                key_pos = jnp.broadcast_to(jnp.arange(kv_len, dtype=jnp.int32)[None, :], (B, kv_len))
-                key_ok = jnp.ones((B, kv_len), bool)
-            if i == max(j for j in cfg.kv_layers if cfg.layer_types[j] == ltype):
+            new_cache[slot], kv, key_pos, key_ok = _update_and_read(
+                cache[slot],
+                new,
+                start,
+                n_valid,
+                positions,
+                valid_q,
+                write_pos,
+                rows=rows,
+                ring=layout.is_ring(cfg, i),
+                kv_len=kv_len,
+            )
+            if i == cfg.kv_store_layer(ltype):
                 shared[ltype] = (kv, key_pos, key_ok)
         else:
             kv, key_pos, key_ok = shared[ltype]

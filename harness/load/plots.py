@@ -12,8 +12,12 @@ The baseline comes from configs/baselines/vllm-sweep-v6e1.csv via `harness.resul
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from harness.plots import register_plotter
 
 BASELINE = "vllm-sweep-v6e1"
 BASELINE_MODEL = "google/gemma-4-E2B-it"
@@ -41,6 +45,18 @@ def _save(fig: Any, out: Path, name: str) -> list[Path]:
     for p in paths:
         fig.savefig(p, dpi=120, bbox_inches="tight")
     return paths
+
+
+@register_plotter("serve-load")
+def plot_serve_load(
+    records: Sequence[dict[str, Any]], run_dir: Path, out_dir: Path, console: Any
+) -> list[Path]:
+    """`g4bench plot` on a serve-load run: the same figures, redrawn from its summary.json."""
+    summary_path = Path(run_dir) / "summary.json"
+    if not summary_path.is_file():
+        console.print(f"[yellow]{summary_path} missing; serve-load figures skipped[/yellow]")
+        return []
+    return write_plots(json.loads(summary_path.read_text()), out_dir)
 
 
 def write_plots(summary: dict[str, Any], out: Path) -> list[Path]:

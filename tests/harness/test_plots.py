@@ -100,7 +100,7 @@ def test_unknown_kind_is_reported_and_registry_dispatches(tmp_path, monkeypatch)
     seen = []
 
     @register_plotter("serve-load")
-    def fake(records, out_dir, console):
+    def fake(records, run_dir, out_dir, console):
         seen.extend(r["name"] for r in records)
         return [out_dir / "x.png"]
 
