@@ -7,7 +7,8 @@ seed-engine-notes §3.4, §4.10. Here every number comes from one procedure:
 
     probe_device (child) ──▶ RooflineSettings (defaults per platform, printed with the reason)
     calibrate_child (child): sum, max, matvec, copy over buffers sized to the device's memory
-        ──▶ calibrated GB/s = the best kernel's median (each kernel reported)
+        ──▶ calibrated GB/s = the best reduction kernel's median (every kernel reported; copy,
+            read + write, is shown beside it but is not a read bandwidth)
     for each (batch, ctx):  step_child (child, one per shape, via harness.isolate)
         DecodeBench (the engine's own step) → compile → cost_analysis → measure_bench
         parent: costs.decode_cost (the byte model) ÷ median step time ÷ calibrated = fraction
@@ -119,11 +120,16 @@ def resolve_settings(platform: str | None, requested: dict[str, Any]) -> tuple[R
 # ---------------------------------------------------------------------------------- pure analysis
 
 
+READ_KERNELS = ("sum", "max", "matvec")
+
+
 def pick_calibration(kernels: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The kernel × size with the highest median GB/s: the device's calibrated streaming bandwidth."""
-    usable = [k for k in kernels if k.get("gb_per_s_median")]
+    """The reduction kernel × size with the highest median GB/s: the device's calibrated streaming
+    (read) bandwidth. A decode step streams weights and KV in; the copy kernel (read + write) is
+    measured and reported beside it, but a step that mostly reads is judged against reads."""
+    usable = [k for k in kernels if k.get("gb_per_s_median") and k.get("kernel") in READ_KERNELS]
     if not usable:
-        raise RooflineError("no calibration kernel produced a bandwidth")
+        raise RooflineError(f"no reduction kernel ({', '.join(READ_KERNELS)}) produced a bandwidth")
     return max(usable, key=lambda k: k["gb_per_s_median"])
 
 

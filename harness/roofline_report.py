@@ -45,8 +45,8 @@ def render_calibration(rec: dict[str, Any], console: Any) -> None:
     console.print(table)
     console.print(
         f"calibrated bandwidth: [bold]{rec['calibrated_gb_per_s']:.1f} GB/s[/bold] "
-        f"({rec['calibration_kernel']} over {rec['calibration_buffer_bytes'] / 2**20:.0f} MiB; the best kernel's median; "
-        "copy counts read + write)"
+        f"({rec['calibration_kernel']} over {rec['calibration_buffer_bytes'] / 2**20:.0f} MiB: the best reduction's median, "
+        "as the step mostly reads; copy counts read + write and is shown for reference only)"
     )
 
 
