@@ -98,6 +98,9 @@ class _Level:
         self.stop = asyncio.Event()
         self.partial_reason: str | None = None
         self.next_id = 0
+        # Task ids (the seeds of their prompts) are distinct per concurrency level, so a level never
+        # finds the previous level's conversations resident in the server's prefix cache.
+        self.id_base = conc * 1_000_000
         self.limit = level_tasks(cfg, conc)
         self.t0 = time.perf_counter()
 
@@ -109,7 +112,7 @@ class _Level:
             return None
         if self.limit is None and time.perf_counter() - self.t0 >= (c.duration_s or 0.0):
             return None
-        task = make_tasks(c.workload, 1, first_id=self.next_id)[0]
+        task = make_tasks(c.workload, 1, first_id=self.id_base + self.next_id)[0]
         self.next_id += 1
         return task
 
@@ -157,7 +160,7 @@ class _Level:
 
     def _open_task(self) -> Task | None:
         # duration-bounded open loop: the arrival count already bounds it, so ignore the clock
-        task = make_tasks(self.cfg.workload, 1, first_id=self.next_id)[0]
+        task = make_tasks(self.cfg.workload, 1, first_id=self.id_base + self.next_id)[0]
         self.next_id += 1
         return None if self.stop.is_set() else task
 

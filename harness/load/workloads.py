@@ -144,7 +144,7 @@ class Task:
 
 
 def make_tasks(cfg: WorkloadConfig, n_tasks: int, first_id: int = 0) -> list[Task]:
-    """`n_tasks` tasks; agent ids cycle 0.. so per-agent rows stay readable. Deterministic in cfg.seed."""
+    """`n_tasks` tasks with ids first_id.. (each task is its own agent); deterministic in cfg.seed."""
     prefix = _ids(random.Random(cfg.seed - 1), cfg.prefix_len) if cfg.kind == "shared-prefix" else []
     return [Task(cfg, first_id + i, first_id + i, prefix) for i in range(n_tasks)]
 
