@@ -26,6 +26,9 @@ from harness.load.workloads import WorkloadConfig
 from tests.load.scripted_server import MODEL, Script, ThreadServer
 
 TOL_MS = 8.0
+# Absolute TTFT also carries the client's own event-loop and loopback delay, which grows when the
+# machine is busy; differences between timestamps of one stream (E2E − TTFT, ITL) cancel it.
+TTFT_SLACK_MS = 50.0
 HERE = Path(__file__).resolve().parent
 
 
@@ -50,7 +53,7 @@ def test_client_timings_exact() -> None:
             r = asyncio.run(go(srv.url, chat))
             assert r.ok, r.error
             assert r.chunk_tokens == [1, 1, 2, 1, 1, 2] and r.completion_tokens == 8
-            assert 99 <= r.chunk_times[0] * 1e3 <= 100 + 2 * TOL_MS  # role chunk (sent at once) ignored
+            assert 99 <= r.chunk_times[0] * 1e3 <= 100 + TTFT_SLACK_MS  # role chunk (sent at once) ignored
             gaps = [(b - a) * 1e3 for a, b in zip(r.chunk_times, r.chunk_times[1:], strict=False)]
             assert gaps == pytest.approx([20] * 5, abs=TOL_MS)
             assert r.prompt_tokens == (5 if chat else 3)
@@ -70,7 +73,7 @@ def test_agent_run_metrics_goodput_and_checks(tmp_path: Path) -> None:
         assert lv["good_requests"] == 6 and lv["slo_attainment"] == pytest.approx(6 / 9)  # every 3rd is slow
         assert lv["request_goodput"] == pytest.approx(6 / result.levels[0].duration_s, rel=0.5)
         # TTFT and E2E carry the client→server delay δ (≥ 0, a few ms); E2E − TTFT, TPOT, ITL do not.
-        assert 99 <= lv["median_ttft_ms"] <= 100 + 2 * TOL_MS
+        assert 99 <= lv["median_ttft_ms"] <= 100 + TTFT_SLACK_MS
         assert lv["median_e2el_ms"] - lv["median_ttft_ms"] == pytest.approx(100, abs=TOL_MS)
         assert lv["median_tpot_ms"] == pytest.approx(100 / 7, abs=TOL_MS / 7)
         assert lv["median_itl_ms"] == pytest.approx(20, abs=TOL_MS)
