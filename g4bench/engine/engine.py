@@ -15,9 +15,10 @@ jitted programs (JetStream's prefill / insert / generate split, folded into slot
 
 Buckets bound the number of compiles (`warmup()` compiles them all and reports the time). The cache
 is donated to each call (`donate=True`), so a step updates it in place; `donate=False` is the
-copying variant, kept for measurement (two caches live, one full copy per step). On XLA:CPU
-(jaxlib 0.10.2) a donated one-position update of a large buffer was measured still copying it
-(~105 ms per 512 MiB), so there the two variants differ far less than on a TPU.
+copying variant, kept for measurement (two caches live, one full copy per step). XLA:CPU upcasts
+bf16 updates to f32 (a whole-buffer pass even when donated), so bf16 caches are written through a
+uint16 view (g4bench/model/forward.py); on the CPU the step stays dominated by attention compute, so
+donation still buys far less there than on a TPU.
 """
 
 from __future__ import annotations

@@ -111,6 +111,17 @@ def _store(k: jax.Array, v: jax.Array, quantized: bool) -> dict[str, jax.Array]:
     return {"k": kq, "v": vq, "ks": ks, "vs": vs}
 
 
+def _as_bits(x: jax.Array) -> jax.Array:
+    """16-bit floats as uint16 (a free reinterpretation). XLA:CPU upcasts bf16 ops to f32, which turns
+    a one-position update of a bf16 cache into a pass over the whole buffer even when it is donated;
+    updating the integer view stays in place (measured: 52 ms → 0.01 ms for a 256 MiB cache)."""
+    return jax.lax.bitcast_convert_type(x, jnp.uint16) if x.dtype == jnp.bfloat16 else x
+
+
+def _from_bits(x: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    return jax.lax.bitcast_convert_type(x, dtype) if dtype == jnp.bfloat16 else x
+
+
 def _write_full(
     entry: dict[str, jax.Array], new: dict[str, jax.Array], write_pos: jax.Array, rows: jax.Array | None
 ) -> dict[str, jax.Array]:
@@ -119,14 +130,21 @@ def _write_full(
     if rows is None:
 
         def put(cache_row: jax.Array, new_row: jax.Array, idx: jax.Array) -> jax.Array:
-            return cache_row.at[:, idx].set(new_row.astype(cache_row.dtype), mode="drop")
+            return cache_row.at[:, idx].set(new_row, mode="drop")
 
-        return {name: jax.vmap(put)(entry[name], new[name], write_pos) for name in entry}
+        return {
+            name: _from_bits(
+                jax.vmap(put)(_as_bits(arr), _as_bits(new[name].astype(arr.dtype)), write_pos), arr.dtype
+            )
+            for name, arr in entry.items()
+        }
     out = {}
     for name, arr in entry.items():
         # advanced indices (rows, positions) come first: the update is [B, T, kvh(, d)]
-        update = jnp.swapaxes(new[name], 1, 2).astype(arr.dtype)
-        out[name] = arr.at[rows[:, None], :, write_pos].set(update, mode="drop")
+        update = _as_bits(jnp.swapaxes(new[name], 1, 2).astype(arr.dtype))
+        out[name] = _from_bits(
+            _as_bits(arr).at[rows[:, None], :, write_pos].set(update, mode="drop"), arr.dtype
+        )
     return out
 
 
