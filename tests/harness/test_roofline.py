@@ -122,18 +122,21 @@ def test_settings_defaults_per_platform():
         resolve_settings("cpu", {"batches": (0,)})
 
 
+TINY = RooflineSettings(
+    model="tiny-a",
+    layers="f32",
+    kv_dtype="f32",
+    batches=(1,),
+    ctxs=(16,),
+    samples=2,
+    warmup=1,
+    breakdown=False,
+)
+
+
 def test_step_child_record_validates():
     """The real child (tiny-a, a fresh process) → a roofline record the schema accepts and the plot reads."""
-    settings = RooflineSettings(
-        model="tiny-a",
-        layers="f32",
-        kv_dtype="f32",
-        batches=(1,),
-        ctxs=(16,),
-        samples=2,
-        warmup=1,
-        breakdown=False,
-    )
+    settings = TINY
     payload = {"case": settings.case(1, 16), "samples": 2, "warmup": 1}
     result = run_isolated("harness.roofline_probes:step_child", payload, timeout_s=300)
     assert "failure" not in result, result.get("failure")
@@ -154,16 +157,7 @@ def test_step_child_record_validates():
 
 
 def test_failure_becomes_a_record():
-    settings = RooflineSettings(
-        model="tiny-a",
-        layers="f32",
-        kv_dtype="f32",
-        batches=(1,),
-        ctxs=(16,),
-        samples=2,
-        warmup=1,
-        breakdown=False,
-    )
+    settings = TINY
     failed = {"failure": {"kind": "oom", "detail": "x", "stderr_tail": "", "returncode": -9}, "wall_s": 1.0}
     rec = step_record(failed, settings, 1, 16, 20.0, "run", BASE_ENV)
     validate_record(rec)
