@@ -3,8 +3,10 @@
 A metric *regresses* only when all three hold:
 
 1. it moved the wrong way (its `direction`: step time up, tok/s or a speedup ratio down);
-2. the move is **real** by the noise rule: ``|current / baseline − 1| > 2 · noise``, where noise is
-   the larger of the two runs' relative IQRs for that metric (harness/stats.py);
+2. the move is **real**: where both runs carry a 95% CI for the metric (runs in interleaved rounds:
+   a ratio's ``ci95_lo``/``ci95_hi``, a step's ``step_ms_ci95_lo``/``_hi``), the two intervals do
+   not overlap; otherwise by the reference's noise rule ``|current / baseline − 1| > 2 · noise``,
+   noise being the larger of the two runs' relative IQRs for that metric (harness/stats.py);
 3. the move is beyond the `floor` (default 5%), so a real but negligible change does not fail CI.
 
 Exit codes (set by the command): 0 no regression, 1 at least one regression (or a configuration
@@ -45,12 +47,13 @@ class MetricSpec:
     field: str
     direction: str  # "lower" | "higher"
     noise_pct_field: str | None = None
+    ci_fields: tuple[str, str] | None = None  # (lo, hi) of the metric's 95% CI, where records have it
 
 
 METRICS: list[MetricSpec] = [
-    MetricSpec("revalidate", "step_ms_median", "lower", "step_rel_iqr_pct"),
+    MetricSpec("revalidate", "step_ms_median", "lower", "step_rel_iqr_pct", ("step_ms_ci95_lo", "step_ms_ci95_hi")),
     MetricSpec("revalidate", "agg_tok_per_s", "higher", "step_rel_iqr_pct"),
-    MetricSpec("ratio", "ratio", "higher", "noise_pct"),
+    MetricSpec("ratio", "ratio", "higher", "noise_pct", ("ci95_lo", "ci95_hi")),
 ]
 
 
@@ -140,11 +143,18 @@ def compare_metric(
     ]
     noise = max(noises, default=0.0)
     v = verdict(c / b, noise)
+    real = v.real
+    if spec.ci_fields is not None:
+        lo, hi = spec.ci_fields
+        cis = [_number(r, f) for r in (base, cur) for f in (lo, hi)]
+        if None not in cis:
+            b_lo, b_hi, c_lo, c_hi = (float(x) for x in cis)  # type: ignore[arg-type]
+            real = c_lo > b_hi or c_hi < b_lo  # the two 95% intervals do not overlap
     worse = v.ratio > 1 if spec.direction == "lower" else v.ratio < 1
     beyond_floor = abs(v.ratio - 1) > floor
     if v.ratio == 1:
         status = "unchanged"
-    elif not v.real:
+    elif not real:
         status = "within noise"
     elif not worse:
         status = "improved"

@@ -32,7 +32,7 @@ Plotter = Callable[[Sequence[dict[str, Any]], Path, Path, Any], list[Path]]
 PLUGINS = ("harness.capacity_report", "harness.load.plots")
 PLOTTERS: dict[str, Plotter] = {}
 # Kinds that ride along with another kind's figures rather than getting their own.
-COMPANION_KINDS = {"ratio": "revalidate"}
+COMPANION_KINDS = {"ratio": "revalidate", "summary": "revalidate"}
 MODEL_IDS = {"e2b": "google/gemma-4-E2B-it", "e4b": "google/gemma-4-E4B-it"}
 
 
@@ -122,24 +122,30 @@ def _step_panel(ax: Any, meas: Sequence[dict[str, Any]]) -> None:
 
 
 def _ratio_panel(ax: Any, ratios: Sequence[dict[str, Any]]) -> None:
-    """Each ratio as a point, its ±2·noise band around 1 shaded, labelled with the verdict."""
+    """Each ratio with its 95% CI as an error bar, the ±floor band around 1 shaded, labelled with the
+    verdict. Runs made before interleaved rounds (no CI) show the ±2·noise band of the old rule."""
+    colors = {"faster": "tab:green", "slower": "tab:red", "equivalent": "tab:cyan", "real": "tab:green"}
     ys = list(range(len(ratios)))[::-1]
     for y, r in zip(ys, ratios, strict=True):
-        band = 2 * r["noise_pct"] / 100
+        has_ci = "ci95_lo" in r
+        band = r["floor_pct"] / 100 if has_ci else 2 * r["noise_pct"] / 100
         ax.fill_betweenx([y - 0.35, y + 0.35], 1 - band, 1 + band, color="lightgray")
-        real = r["verdict"] == "real"
-        ax.plot(r["ratio"], y, "o", color="tab:green" if real else "gray")
-        ax.text(
-            r["ratio"],
-            y + 0.25,
-            f" {r['ratio']:.3f}× {r['verdict']}",
-            fontsize=7,
-            color="tab:green" if real else "dimgray",
-        )
+        color = colors.get(r["verdict"], "gray")
+        if has_ci:
+            err = [[r["ratio"] - r["ci95_lo"]], [r["ci95_hi"] - r["ratio"]]]
+            ax.errorbar(r["ratio"], y, xerr=err, fmt="o", color=color, capsize=3)
+        else:
+            ax.plot(r["ratio"], y, "o", color=color)
+        ax.text(r["ratio"], y + 0.25, f" {r['ratio']:.3f}× {r['verdict']}", fontsize=7, color=color)
     ax.axvline(1.0, color="black", lw=0.8)
     ax.set_yticks(ys, [r["name"] for r in ratios], fontsize=8)
-    ax.set_xlabel("ratio (> 1: the variant is faster); grey band: ±2 × noise")
-    ax.set_title("verdicts: real only outside the band")
+    with_ci = bool(ratios) and "ci95_lo" in ratios[0]
+    ax.set_xlabel(
+        "ratio (> 1: the variant is faster); bars: 95% CI; grey band: ±practical floor"
+        if with_ci
+        else "ratio (> 1: the variant is faster); grey band: ±2 × noise"
+    )
+    ax.set_title("verdicts: faster/slower only when the CI excludes 1 beyond the floor")
     ax.grid(axis="x", alpha=0.3)
 
 
@@ -221,7 +227,8 @@ def plot_revalidate(
     env = meas[0]["env"]
     cfg = meas[0]["config"]
     fig.suptitle(
-        f"{cfg.get('model')} decode step, batch {cfg.get('batch')}, ctx {cfg.get('ctx')}, {cfg.get('samples')} samples — "
+        f"{cfg.get('model')} decode step, batch {cfg.get('batch')}, ctx {cfg.get('ctx')}, "
+        f"{cfg.get('rounds', 1)} round(s) × {cfg.get('samples')} samples — "
         f"{env.get('device_kind') or env.get('platform')}, g4bench {env.get('g4bench_version')} ({env.get('git_rev')})",
         fontsize=10,
     )

@@ -1,31 +1,27 @@
-"""`g4bench revalidate`: the decode-step grid, one fresh process per configuration, judged for noise.
+"""`g4bench revalidate`: the decode-step grid in interleaved fresh-process rounds, judged with CIs.
 
 Why: the reference engine published speedups it later retracted; they held up only once every
-configuration ran in its own process, took 15 samples of one step each on fresh inputs, and
-called a difference real only above twice the measured noise (seed-engine-notes §3.2, §4.5).
-This module is that procedure as a tool.
+configuration ran in its own process (seed-engine-notes §3.2, §4.5). Its noise rule (2 × the larger
+relative IQR) needs a quiet TPU; on a shared CPU it calls a true 1.4× effect noise. Here every
+configuration is visited once per round, rounds in fresh random orders (harness/rounds.py), and
+each comparison gets a bootstrap CI and a word (harness/compare.py).
 
 Data flow::
 
     configs/sweeps/revalidate.toml ──load_sweep──▶ [SweepConfig] ──select_configs(--config)──▶
-    probe_device() (a child: which platform?) ──resolve_settings──▶ SweepSettings (printed)
-    for each config:  run_isolated(CHILD_TARGET, payload)            (harness/isolate.py)
-        child: revalidate_child → make_decode_bench(DecodeCase) → measure_bench:
-               compile() once, `warmup` steps, then `samples` × [fresh_inputs(); t0; step(); t1]
-               → {"step_ms_samples", "compile_s", "weights_bytes", "kv_bytes", "device"}
-        parent: measurement_record (stats.summarize, bootstrap CI of the median) or a failure
-                record → results.append_record (run folder, validated)
-    ratio_records (donation, int8 KV, PLE effects; stats.compare) → results.jsonl, summary.csv
-    render_summary / render_verdicts (rich tables on stderr)
+    × --batch list × --ctx list ──sweep_points──▶ [Point]      (--aa N: N pairs of one point)
+    probe_device() (a child) ──resolve_settings──▶ SweepSettings (defaults printed with the reason)
+    plan_visits(points, rounds) ──run_visits──▶ one child per visit, logged to visits.jsonl at once
+        child: revalidate_child → pin_threads → DecodeBench → measure_bench (harness/timing.py):
+               warm buffers, `samples` timed steps, host load per sample
+    after each round: measurement records (pooled stats, hierarchical CI of the median, bytes and
+        FLOPs by part from costs.py) + ratio records (harness/verdicts.py) → results.jsonl, summary.csv
+    render tables (80 columns) · plots/ (harness/plots.py)
 
-Ratios are speedups: ``ratio = median(numerator) / median(denominator)`` where the numerator is
-the reference setting (copying, bf16 KV, bf16 PLE), so ratio > 1 means the variant is faster;
-each has ``direction = "higher"`` for the gate, so within-run ratios can be compared across
-machines (`g4bench gate --ratios-only`).
-
-The child target is `CHILD_TARGET` unless the environment variable ``G4BENCH_REVALIDATE_CHILD``
-names another ``module:function`` or ``file.py:function`` (tests run fake children that sleep,
-crash, exhaust memory or hang); ``G4BENCH_REVALIDATE_PROBE`` does the same for the device probe.
+Ratios are speedups, ``median(reference) / median(variant)`` (> 1: the variant is faster), with
+``direction = "higher"`` for the gate. The child target is `CHILD_TARGET` unless
+``G4BENCH_REVALIDATE_CHILD`` names another ``module:function`` or ``file.py:function`` (tests run
+fake children); ``G4BENCH_REVALIDATE_PROBE`` does the same for the device probe.
 """
 
 from __future__ import annotations
@@ -33,7 +29,6 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-import time
 import tomllib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -54,10 +49,11 @@ class RevalidateError(ValueError):
 
 @dataclass(frozen=True)
 class Shape:
-    """Default measurement shape for a platform, with the reason it was chosen (always printed)."""
+    """Default measurement design for a platform, with the reason it was chosen (always printed)."""
 
     batch: int
     ctx: int
+    rounds: int
     samples: int
     warmup: int
     reason: str
@@ -68,20 +64,22 @@ class Shape:
 ACCELERATOR_DEFAULTS = Shape(
     batch=32,
     ctx=8192,
-    samples=15,
+    rounds=2,
+    samples=8,
     warmup=3,
     reason="the reference revalidation's shape on TPU v6e (seed-engine-notes §4.5), so results compare",
 )
-# Measured on the 2-core, 24 GiB development machine (jax 0.10.2, full E2B dimensions, f32
-# layers): a decode step at batch 4, ctx 8192 takes ~1.3 s donated and ~1.6 s copying; a child
-# (synthetic init ~25 s, compile ~4 s, 18 steps) ~60-70 s, so 12 configurations take ~13-14 min.
+# Measured on the 2-core, 24 GiB development machine (jax 0.10.2, full E2B dimensions, f32 layers):
+# a decode step at batch 4, ctx 8192 takes ~0.9-1.3 s; a visit (start, synthetic init, cached
+# compile, 2 + 5 steps) ~20 s, so 12 configurations × 3 rounds take ~12-15 minutes.
 CPU_DEFAULTS = Shape(
     batch=4,
     ctx=8192,
-    samples=15,
-    warmup=3,
-    reason="CPU: batch 4 at the reference's ctx 8192 keeps 12 full-E2B configurations to about 15 minutes "
-    "on 2 cores (~1.3 s per step)",
+    rounds=3,
+    samples=5,
+    warmup=2,
+    reason="CPU: batch 4 at the reference's ctx 8192 keeps 12 full-E2B configurations × 3 rounds to about "
+    "15 minutes on 2 cores (~1 s per step)",
     layers="f32",
     layers_reason="CPU: W4A16 weights unpacked inside the step do not fuse on XLA's CPU backend "
     "(~21 ms per 1536x12288 projection vs ~2.7 ms dense f32 at batch 1, ~5 s per E2B step), so the "
@@ -98,22 +96,43 @@ class SweepConfig:
 
 
 @dataclass(frozen=True)
+class Point:
+    """One thing to measure: a unique name and its full DecodeCase fields (with model, batch, ctx)."""
+
+    name: str
+    case: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class SweepSettings:
-    """What every configuration of a run shares; stored in env.json and checked on --resume."""
+    """What every point of a run shares; stored in env.json and checked on --resume."""
 
     model: str
-    batch: int
-    ctx: int
-    samples: int
+    batches: tuple[int, ...]
+    ctxs: tuple[int, ...]
+    rounds: int
+    samples: int  # timed steps per visit
     warmup: int
     seed: int = 0
     layers: str | None = None
+    floor: float = 0.02
+    aa: int = 0  # A/A pairs of one point (0: the grid's comparisons)
+    cpus: tuple[int, ...] | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     mem_limit_bytes: int | None = None
 
     def identity(self) -> dict[str, Any]:
         """The fields that define the measurement (a resumed run must match them)."""
-        return {k: getattr(self, k) for k in ("model", "batch", "ctx", "samples", "warmup", "seed", "layers")}
+        keys = ("model", "batches", "ctxs", "rounds", "samples", "warmup", "seed", "layers", "aa")
+        return {k: getattr(self, k) for k in keys}
+
+    @classmethod
+    def from_json(cls, stored: dict[str, Any]) -> SweepSettings:
+        known = {k: v for k, v in stored.items() if k in cls.__dataclass_fields__}
+        for k in ("batches", "ctxs", "cpus"):
+            if known.get(k) is not None:
+                known[k] = tuple(known[k])
+        return cls(**known)
 
 
 @dataclass
@@ -123,12 +142,13 @@ class SweepOutcome:
     run_dir: Path
     measurements: list[dict[str, Any]] = field(default_factory=list)
     ratios: list[dict[str, Any]] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
 
     @property
     def failures(self) -> list[dict[str, Any]]:
-        """Measurement records that carry a `failure`."""
-        return [r for r in self.measurements if "failure" in r]
+        from harness.results import is_failure
+
+        return [r for r in self.measurements if is_failure(r)]
 
 
 # ------------------------------------------------------------------------------------------ the grid
@@ -166,6 +186,28 @@ def select_configs(configs: Sequence[SweepConfig], patterns: Sequence[str] | Non
     return chosen
 
 
+def sweep_points(configs: Sequence[SweepConfig], settings: SweepSettings) -> list[Point]:
+    """Configurations × batches × contexts (names gain ``/b<B>/ctx<C>`` when either list has more
+    than one value); with `settings.aa`, N pairs ``aa<i>-A`` / ``aa<i>-B`` of the single point."""
+    multi = len(settings.batches) > 1 or len(settings.ctxs) > 1
+    points = []
+    for cfg in configs:
+        for batch in settings.batches:
+            for ctx in settings.ctxs:
+                case = {**cfg.case, "model": settings.model, "batch": batch, "ctx": ctx}
+                if settings.layers is not None:
+                    case["layers"] = settings.layers
+                points.append(Point(cfg.name + (f"/b{batch}/ctx{ctx}" if multi else ""), case))
+    if not settings.aa:
+        return points
+    if len(points) != 1:
+        raise RevalidateError(
+            f"--aa measures one configuration at one shape; the selection gives {len(points)} "
+            "(pick one with --config and a single --batch and --ctx)"
+        )
+    return [Point(f"aa{i:02d}-{side}", points[0].case) for i in range(settings.aa) for side in "AB"]
+
+
 def defaults_for(platform: str | None) -> Shape:
     """CPU_DEFAULTS on the CPU, ACCELERATOR_DEFAULTS on a TPU or GPU."""
     return CPU_DEFAULTS if platform in (None, "cpu") else ACCELERATOR_DEFAULTS
@@ -175,26 +217,33 @@ def resolve_settings(
     platform: str | None,
     *,
     model: str,
-    batch: int | None,
-    ctx: int | None,
+    batches: Sequence[int] | None,
+    ctxs: Sequence[int] | None,
+    rounds: int | None,
     samples: int | None,
     warmup: int | None,
     layers: str | None = None,
     **extra: Any,
 ) -> tuple[SweepSettings, str | None]:
-    """Fill unset shape options from the platform defaults; returns the settings and a note saying
-    which defaults were applied and why (None when the caller set everything)."""
+    """Fill unset options from the platform defaults; returns the settings and a note saying which
+    defaults were applied and why (None when the caller set everything)."""
     shape = defaults_for(platform)
-    chosen = {"batch": batch, "ctx": ctx, "samples": samples, "warmup": warmup}
-    applied = {k: getattr(shape, k) for k, v in chosen.items() if v is None}
+    given = {"batch": batches, "ctx": ctxs, "rounds": rounds, "samples": samples, "warmup": warmup}
+    applied = {k: getattr(shape, k) for k, v in given.items() if v is None}
     settings = SweepSettings(
         model=model,
+        batches=tuple(batches) if batches else (shape.batch,),
+        ctxs=tuple(ctxs) if ctxs else (shape.ctx,),
+        rounds=rounds if rounds is not None else shape.rounds,
+        samples=samples if samples is not None else shape.samples,
+        warmup=warmup if warmup is not None else shape.warmup,
         layers=layers if layers is not None else shape.layers,
-        **{k: v if v is not None else getattr(shape, k) for k, v in chosen.items()},
         **extra,
     )
-    if settings.samples < 1 or settings.warmup < 0 or settings.batch < 1 or settings.ctx < 1:
-        raise RevalidateError("batch, ctx and samples must be >= 1 and warmup >= 0")
+    if min((*settings.batches, *settings.ctxs, settings.rounds, settings.samples)) < 1 or settings.warmup < 0:
+        raise RevalidateError("batch, ctx, rounds and samples must be >= 1 and warmup >= 0")
+    if settings.aa < 0 or not 0 <= settings.floor < 1:
+        raise RevalidateError("--aa must be >= 0 and --floor-pct in [0, 100)")
     notes = []
     if applied:
         shown = ", ".join(f"{k} {v}" for k, v in applied.items())
@@ -208,41 +257,11 @@ def resolve_settings(
 # ---------------------------------------------------------------------------------------- the child
 
 
-def time_steps(bench: Any, samples: int, warmup: int) -> list[float]:
-    """Milliseconds of `samples` single decode steps, each on fresh inputs built outside the timing.
-
-    `warmup` untimed steps first. Only ``bench.step(inputs)`` (which blocks until the result is
-    ready) sits between the two ``perf_counter`` calls; the previous inputs are dropped before new
-    ones are built, so at most one cache is alive besides the one a copying step produces.
-    """
-    for _ in range(warmup):
-        inputs = bench.fresh_inputs()
-        bench.step(inputs)
-        del inputs
-    times_ms = []
-    for _ in range(samples):
-        inputs = bench.fresh_inputs()
-        t0 = time.perf_counter()
-        bench.step(inputs)
-        t1 = time.perf_counter()
-        del inputs
-        times_ms.append((t1 - t0) * 1e3)
-    return times_ms
-
-
-def measure_bench(bench: Any, samples: int, warmup: int) -> dict[str, Any]:
-    """Compile `bench` (timed apart), then `time_steps`; the child's result fields."""
-    compile_s = float(bench.compile())
-    return {
-        "step_ms_samples": time_steps(bench, samples, warmup),
-        "compile_s": compile_s,
-        "weights_bytes": int(bench.weights_bytes),
-        "kv_bytes": int(bench.kv_bytes),
-    }
-
-
 def revalidate_child(payload: dict[str, Any]) -> dict[str, Any]:
-    """Isolated-child target: build the DecodeBench for ``payload["case"]`` and measure it."""
+    """Isolated-child target: pin threads, build the DecodeBench for ``payload["case"]``, measure it."""
+    from harness.timing import measure_bench, pin_threads
+
+    cpus = pin_threads(payload.get("cpus"))
     from harness.env import device_info
     from harness.isolate import configure_jax_cache
 
@@ -252,92 +271,20 @@ def revalidate_child(payload: dict[str, Any]) -> dict[str, Any]:
     bench = make_decode_bench(DecodeCase(**payload["case"]), seed=int(payload.get("seed", 0)))
     result = measure_bench(bench, int(payload["samples"]), int(payload["warmup"]))
     result["device"] = device_info()
+    result["cpus"] = cpus
     return result
 
 
-def child_payload(cfg: SweepConfig, settings: SweepSettings) -> dict[str, Any]:
-    """The JSON the child receives: the full DecodeCase, the sampling plan and the seed."""
-    case = {**cfg.case, "model": settings.model, "batch": settings.batch, "ctx": settings.ctx}
-    if settings.layers is not None:
-        case["layers"] = settings.layers
+def child_payload(point: Point, settings: SweepSettings) -> dict[str, Any]:
+    """The JSON the child receives: the full DecodeCase, the sampling plan, the seed and CPU set."""
     return {
-        "name": cfg.name,
-        "case": case,
+        "name": point.name,
+        "case": point.case,
         "samples": settings.samples,
         "warmup": settings.warmup,
         "seed": settings.seed,
+        "cpus": list(settings.cpus) if settings.cpus else None,
     }
-
-
-# -------------------------------------------------------------------------------------- the records
-
-
-def _record_config(cfg: SweepConfig, settings: SweepSettings) -> dict[str, Any]:
-    return {
-        **child_payload(cfg, settings)["case"],
-        "samples": settings.samples,
-        "warmup": settings.warmup,
-        "seed": settings.seed,
-    }
-
-
-def measurement_record(
-    cfg: SweepConfig,
-    settings: SweepSettings,
-    result: dict[str, Any],
-    *,
-    run_id: str,
-    base_env: dict[str, Any],
-) -> dict[str, Any]:
-    """A `revalidate` record from a child's result (statistics computed here) or a failure record."""
-    from harness.env import config_hash, merge_device, utc_now
-    from harness.results import make_record
-    from harness.stats import bootstrap_ci, summarize
-
-    config = _record_config(cfg, settings)
-    env = merge_device(
-        {**base_env, "config_hash": config_hash(config), "timestamp_utc": utc_now()}, result.get("device")
-    )
-    wall_s = float(result.get("wall_s", 0.0))
-    if "failure" in result:
-        return make_record(
-            "revalidate",
-            cfg.name,
-            run_id=run_id,
-            env=env,
-            config=config,
-            failure=result["failure"],
-            wall_s=wall_s,
-        )
-    samples = [float(x) for x in result["step_ms_samples"]]
-    st = summarize(samples)
-    lo, hi = bootstrap_ci(samples, seed=settings.seed)
-    return make_record(
-        "revalidate",
-        cfg.name,
-        run_id=run_id,
-        env=env,
-        config=config,
-        batch=settings.batch,
-        ctx=settings.ctx,
-        step_ms_median=st.median,
-        step_ms_min=st.min,
-        step_ms_max=st.max,
-        step_ms_q1=st.q1,
-        step_ms_q3=st.q3,
-        step_ms_iqr=st.iqr,
-        step_rel_iqr_pct=st.rel_iqr_pct,
-        step_ms_ci95_lo=lo,
-        step_ms_ci95_hi=hi,
-        agg_tok_per_s=settings.batch * 1000.0 / st.median,
-        n_samples=st.n,
-        warmup=settings.warmup,
-        weights_bytes=int(result["weights_bytes"]),
-        kv_bytes=int(result["kv_bytes"]),
-        compile_s=float(result["compile_s"]),
-        wall_s=wall_s,
-        step_ms_samples=samples,
-    )
 
 
 def safe_name(name: str) -> str:
@@ -358,79 +305,80 @@ def probe_target() -> str:
 # ---------------------------------------------------------------------------------------- the sweep
 
 
-def _finished_names(records: Sequence[dict[str, Any]]) -> set[str]:
-    return {r["name"] for r in records if r.get("kind") == "revalidate" and "failure" not in r}
-
-
 def prepare_run(
     *, out: Path | None, resume: bool, results_root: Path, requested: dict[str, Any], platform: str | None
-) -> tuple[Path, SweepSettings, str | None, list[dict[str, Any]]]:
-    """Choose the run folder and the settings; returns (run_dir, settings, defaults note, kept records).
+) -> tuple[Path, SweepSettings, str | None]:
+    """Choose the run folder and the settings; returns (run_dir, settings, defaults note).
 
     - New run without `out`: ``results_root/<UTC stamp>-revalidate/``.
-    - `out` given: used as is if it is new or holds no results.jsonl; an existing run needs `resume`.
+    - `out` given: used as is if it is new or holds no results; an existing run needs `resume`.
     - `resume`: settings come from the folder's env.json; any option given on the command line
-      must equal the stored one (a resumed run must measure the same thing). Successful
-      measurements are kept; failures of configurations about to rerun and old ratio records are
-      dropped by the caller.
+      must equal the stored one (a resumed run must measure the same thing). Visits already
+      logged successfully are kept (visits.jsonl); failed and missing ones are measured.
     """
-    from harness.results import RECORDS_FILE, RunError, create_run_dir, read_env, read_records
+    from harness.results import RECORDS_FILE, RunError, create_run_dir, read_env
+    from harness.rounds import VISITS_FILE
 
-    extra = {k: requested[k] for k in ("timeout_s", "mem_limit_bytes") if requested.get(k) is not None}
+    extra_keys = ("timeout_s", "mem_limit_bytes", "cpus")
+    extra = {k: requested[k] for k in extra_keys if requested.get(k) is not None}
     if resume:
         if out is None:
             raise RevalidateError("--resume needs --out RUN_DIR (the run folder to continue)")
         try:
             stored = read_env(out).get("settings")
-            kept = read_records(out) if (out / RECORDS_FILE).exists() else []
         except RunError as exc:
             raise RevalidateError(f"cannot resume {out}: {exc}") from exc
         if not isinstance(stored, dict):
             raise RevalidateError(f"cannot resume {out}: env.json has no settings")
-        base = SweepSettings(**{k: v for k, v in stored.items() if k in SweepSettings.__dataclass_fields__})
+        base = SweepSettings.from_json(stored)
+        asked = {**requested, "batches": _tuple(requested.get("batches")), "ctxs": _tuple(requested.get("ctxs"))}
         clash = {
             k: (v, getattr(base, k))
-            for k, v in requested.items()
+            for k, v in asked.items()
             if k in base.identity() and v is not None and v != getattr(base, k)
         }
         if clash:
             shown = "; ".join(f"{k}: run has {old!r}, asked {new!r}" for k, (new, old) in clash.items())
             raise RevalidateError(f"cannot resume {out} with different settings ({shown})")
-        return out, SweepSettings(**{**asdict(base), **extra}), None, kept
-    shape_keys = ("batch", "ctx", "samples", "warmup", "layers")
+        return out, SweepSettings(**{**asdict(base), **extra}), None
     settings, note = resolve_settings(
         platform,
         model=requested.get("model") or "e2b",
-        **{k: requested.get(k) for k in shape_keys},
+        batches=requested.get("batches"),
+        ctxs=requested.get("ctxs"),
+        rounds=requested.get("rounds"),
+        samples=requested.get("samples"),
+        warmup=requested.get("warmup"),
+        layers=requested.get("layers"),
         seed=requested.get("seed") or 0,
+        floor=requested["floor"] if requested.get("floor") is not None else 0.02,
+        aa=requested.get("aa") or 0,
         **extra,
     )
     if out is None:
-        return create_run_dir(results_root, "revalidate"), settings, note, []
-    if (out / RECORDS_FILE).exists():
+        return create_run_dir(results_root, "revalidate"), settings, note
+    if (out / RECORDS_FILE).exists() or (out / VISITS_FILE).exists():
         raise RevalidateError(
             f"{out} already holds results; pass --resume to continue it, or choose a new --out"
         )
     out.mkdir(parents=True, exist_ok=True)
-    return out, settings, note, []
+    return out, settings, note
+
+
+def _tuple(value: Sequence[int] | None) -> tuple[int, ...] | None:
+    return tuple(value) if value is not None else None
 
 
 def run_sweep(
-    configs: Sequence[SweepConfig],
+    points: Sequence[Point],
     settings: SweepSettings,
     run_dir: Path,
     *,
     base_env: dict[str, Any],
-    kept: Sequence[dict[str, Any]] = (),
     console: Any = None,
 ) -> SweepOutcome:
-    """Measure each configuration in its own child, append its record, then derive ratio records.
-
-    `kept` are records already in the folder (a resumed run): configurations with a successful
-    record there are skipped. A failing child becomes a failure record and the sweep goes on.
-    results.jsonl is rewritten at the start (kept records, minus stale failures and ratios) and
-    extended as children finish; ratio records and summary.csv are written at the end.
-    """
+    """Visit every point once per round (fresh random order each round, one child per visit), log
+    each visit, and rewrite the run's records after every round; returns the final outcome."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -442,65 +390,87 @@ def run_sweep(
     )
 
     from harness.isolate import run_isolated
-    from harness.results import append_record, rewrite_records, run_id_of, write_summary
-    from harness.verdicts import ratio_records
+    from harness.rounds import Visit, pending, plan_visits, read_visits, run_visits
 
     console = console or Console(stderr=True)
-    run_id = run_id_of(run_dir)
-    done = _finished_names(kept)
-    selected = {c.name for c in configs}
-    measurements = [
-        r for r in kept if r.get("kind") == "revalidate" and ("failure" not in r or r["name"] not in selected)
-    ]
-    rewrite_records(run_dir, measurements)
-    outcome = SweepOutcome(run_dir=run_dir, measurements=list(measurements))
-    todo = [c for c in configs if c.name not in done]
-    outcome.skipped = [c.name for c in configs if c.name in done]
-    if outcome.skipped:
-        console.print(
-            f"[dim]resume: {len(outcome.skipped)} configuration(s) already measured in {run_dir}, skipped[/dim]"
-        )
+    by_name = {p.name: p for p in points}
+    plan = plan_visits([p.name for p in points], settings.rounds, settings.seed)
+    todo = pending(plan, read_visits(run_dir))
+    if len(todo) < len(plan):
+        console.print(f"[dim]resume: {len(plan) - len(todo)} visit(s) already measured in {run_dir}[/dim]")
     (run_dir / "logs").mkdir(exist_ok=True)
     target = child_target()
     columns = (
         TextColumn("{task.description}"),
-        BarColumn(),
+        BarColumn(bar_width=20),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TextColumn("eta"),
         TimeRemainingColumn(),
     )
+
+    def measure(visit: Visit) -> dict[str, Any]:
+        log = run_dir / "logs" / f"{safe_name(visit.name)}-r{visit.round}.log"
+        return run_isolated(
+            target,
+            child_payload(by_name[visit.name], settings) | {"round": visit.round},
+            timeout_s=settings.timeout_s,
+            mem_limit_bytes=settings.mem_limit_bytes,
+            stderr_log=log,
+        )
+
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("revalidate", total=len(todo))
-        for cfg in todo:
-            progress.update(task, description=f"[bold]{cfg.name}[/bold]")
-            result = run_isolated(
-                target,
-                child_payload(cfg, settings),
-                timeout_s=settings.timeout_s,
-                mem_limit_bytes=settings.mem_limit_bytes,
-                stderr_log=run_dir / "logs" / f"{safe_name(cfg.name)}.log",
-            )
-            record = measurement_record(cfg, settings, result, run_id=run_id, base_env=base_env)
-            append_record(run_dir, record)
-            outcome.measurements.append(record)
-            progress.console.print(_one_line(record))
+
+        def on_visit(visit: Visit, result: dict[str, Any]) -> None:
+            progress.console.print(_one_line(visit, result, settings.rounds))
             progress.advance(task)
-    outcome.ratios = ratio_records(outcome.measurements, run_id=run_id, base_env=base_env)
-    rewrite_records(run_dir, [*outcome.measurements, *outcome.ratios])
-    write_summary(run_dir, [*outcome.measurements, *outcome.ratios])
-    return outcome
+            if visit.slot == len(points) - 1:  # a round is complete: refresh the records
+                write_outcome(points, settings, run_dir, base_env)
+
+        for visit in todo:
+            progress.update(task, description=f"r{visit.round + 1} {visit.name}")
+            run_visits([visit], run_dir, measure, on_visit)
+    return write_outcome(points, settings, run_dir, base_env)
 
 
-def _one_line(record: dict[str, Any]) -> str:
-    """Progress line for one finished configuration (rich markup)."""
-    if "failure" in record:
-        f = record["failure"]
-        return f"[red]✗ {record['name']}: {f['kind']} — {f['detail']}[/red]"
-    return (
-        f"[green]✓[/green] {record['name']}: median {record['step_ms_median']:.3f} ms "
-        f"(rel IQR {record['step_rel_iqr_pct']:.2f}%), {record['agg_tok_per_s']:.1f} tok/s, compile {record['compile_s']:.1f} s"
-    )
+def write_outcome(
+    points: Sequence[Point], settings: SweepSettings, run_dir: Path, base_env: dict[str, Any]
+) -> SweepOutcome:
+    """Records from every logged visit: measurements, ratios, the run summary → results.jsonl,
+    summary.csv (atomically rewritten, so a killed sweep keeps the last complete round)."""
+    from harness.results import rewrite_records, run_id_of, write_summary
+    from harness.revalidate_records import measurement_record, summary_record
+    from harness.rounds import group_by_name, read_visits
+    from harness.verdicts import ratio_records
+
+    run_id = run_id_of(run_dir)
+    grouped = group_by_name(read_visits(run_dir), settings.rounds)
+    meas = []
+    for p in points:
+        results = [r for r in grouped.get(p.name, []) if r is not None]
+        if results:
+            meas.append(measurement_record(p, results, settings, run_id=run_id, base_env=base_env))
+    ratios = ratio_records(meas, run_id=run_id, base_env=base_env, floor=settings.floor, seed=settings.seed)
+    summary = summary_record(meas, ratios, settings, run_id=run_id, base_env=base_env)
+    records = [*meas, *ratios, summary]
+    rewrite_records(run_dir, records)
+    write_summary(run_dir, records)
+    return SweepOutcome(run_dir=run_dir, measurements=meas, ratios=ratios, summary=summary)
+
+
+def _one_line(visit: Any, result: dict[str, Any], rounds: int) -> str:
+    """Progress line for one finished visit (rich markup)."""
+    tag = f"r{visit.round + 1}/{rounds} {visit.name}"
+    if "failure" in result:
+        f = result["failure"]
+        return f"[red]✗ {tag}: {f['kind']} — {f['detail']}[/red]"
+    import statistics
+
+    med = statistics.median(result["step_ms_samples"])
+    busy = max(result.get("host_other_cores") or [0.0])
+    flag = f" [yellow](host busy: {busy:.2f} cores)[/yellow]" if busy > 0.2 else ""
+    return f"[green]✓[/green] {tag}: median {med:.3f} ms{flag}"
 
 
 # -------------------------------------------------------------------------------------- entry point
@@ -517,14 +487,15 @@ def run_revalidate(
     sweep_path: Path = SWEEP_PATH,
     console: Any = None,
 ) -> SweepOutcome:
-    """The whole command: select, probe the device, settle settings, run, write, print tables.
+    """The whole command: select, probe the device, settle settings, run, write, print, plot.
 
-    `requested` holds the command-line values (None = not given): model, batch, ctx, samples,
-    warmup, seed, timeout_s, mem_limit_bytes. Raises `RevalidateError` for unusable requests.
-    """
+    `requested` holds the command-line values (None = not given): model, batches, ctxs, rounds,
+    samples, warmup, seed, layers, floor, aa, cpus, timeout_s, mem_limit_bytes. Raises
+    `RevalidateError` for unusable requests."""
     from rich.console import Console
 
     from harness.env import host_env, merge_device, probe_device
+    from harness.plots import plot_run
     from harness.results import write_command, write_env
     from harness.verdicts import render_summary, render_verdicts
 
@@ -537,27 +508,31 @@ def run_revalidate(
             f"could not start jax in a child process ({f['kind']}: {f['detail']})\n{f['stderr_tail']}"
         )
     platform = device.get("platform")
-    run_dir, settings, note, kept = prepare_run(
+    run_dir, settings, note = prepare_run(
         out=out, resume=resume, results_root=results_root, requested=requested, platform=platform
     )
+    points = sweep_points(configs, settings)
     if note:
         console.print(f"[yellow]{note}[/yellow]")
     console.print(
         f"revalidate on {platform} ({device.get('device_kind')}): model {settings.model}, "
-        f"layers {settings.layers or 'as in the grid'}, batch {settings.batch}, "
-        f"ctx {settings.ctx}, {settings.samples} samples after {settings.warmup} warmup, "
-        f"{len(configs)} configuration(s), one process each, timeout {settings.timeout_s:g} s"
+        f"layers {settings.layers or 'as in the grid'}, batch {list(settings.batches)}, ctx "
+        f"{list(settings.ctxs)}; {len(points)} point(s) × {settings.rounds} round(s), each visit a fresh "
+        f"process taking {settings.samples} samples after {settings.warmup} warmup; timeout "
+        f"{settings.timeout_s:g} s per visit"
     )
     base_env = merge_device(host_env(settings.identity()), device)
     write_command(run_dir, argv, append=resume)
     write_env(run_dir, {**base_env, "settings": asdict(settings), "sweep": str(sweep_path)})
-    outcome = run_sweep(configs, settings, run_dir, base_env=base_env, kept=kept, console=console)
+    outcome = run_sweep(points, settings, run_dir, base_env=base_env, console=console)
     render_summary(outcome.measurements, console)
-    render_verdicts(outcome.ratios, console)
+    render_verdicts(outcome.ratios, outcome.summary, console)
     if outcome.failures:
         names = ", ".join(f"{r['name']} ({r['failure']['kind']})" for r in outcome.failures)
         console.print(
             f"[red]{len(outcome.failures)} configuration(s) failed: {names}; see {run_dir / 'logs'}[/red]"
         )
-    console.print(f"results: {run_dir}/ (results.jsonl, summary.csv, env.json, command.txt, logs/)")
+    for path in plot_run(run_dir, console=console):
+        console.print(f"wrote {path}", soft_wrap=True)
+    console.print(f"results: {run_dir}/ (results.jsonl, summary.csv, visits.jsonl, env.json, logs/, plots/)")
     return outcome

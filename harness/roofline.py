@@ -404,7 +404,7 @@ def run_roofline(
         write_env,
         write_summary,
     )
-    from harness.roofline_report import render
+    from harness.roofline_report import headline, render
 
     console = console or Console(stderr=True)
     device = probe_device()
@@ -489,12 +489,6 @@ def run_roofline(
         f"results: {run_dir}/ (results.jsonl, summary.csv, env.json, command.txt, logs/); `g4bench plot {run_dir}` draws the bandwidth figure"
     )
     return outcome
-
-
-def headline(steps: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """The shape the run is about: the largest batch, then the longest context, that succeeded."""
-    ok = [r for r in steps if "failure" not in r]
-    return max(ok, key=lambda r: (r["batch"], r["ctx"])) if ok else None
 
 
 def _one_line(rec: dict[str, Any]) -> str:

@@ -6,7 +6,7 @@
   copy — stream f32 buffers sized as fractions of the device's memory, and the parent takes the
   best median as the calibrated bandwidth (harness/roofline.py `pick_calibration`).
 - `step_child`: the engine's own decode step (g4bench/engine/bench.py) for one shape: compile,
-  XLA's cost_analysis of the compiled step, then `measure_bench` (harness/revalidate.py): samples of
+  XLA's cost_analysis of the compiled step, then `measure_bench` (harness/timing.py): samples of
   one step each on fresh inputs built outside the timing.
 - `breakdown_child`: the step's big parts timed alone at the step's shapes — the LM head exactly as
   forward computes it, the linears of one layer of each kind, the sampler — with the bytes each
@@ -132,7 +132,7 @@ def step_child(payload: dict[str, Any]) -> dict[str, Any]:
     """Isolated child: the engine's decode step for one shape: compile, cost_analysis, time it."""
     from harness.env import device_info
     from harness.isolate import configure_jax_cache
-    from harness.revalidate import measure_bench
+    from harness.timing import measure_bench
 
     configure_jax_cache()
     from g4bench.engine.bench import DecodeCase, make_decode_bench

@@ -10,6 +10,7 @@ breakdown of the step into parts timed alone, which names what holds the fractio
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 GOAL_FRACTION = 0.5  # issue 3: the E2B decode step should reach half the calibrated bandwidth
@@ -199,7 +200,6 @@ def limiting_note(head: dict[str, Any] | None, breakdown: dict[str, Any] | None)
 
 def render(outcome: Any, console: Any) -> None:
     """Every table of a roofline run, then the headline fraction and what limits it."""
-    from harness.roofline import headline
 
     render_calibration(outcome.calibration, console)
     if outcome.steps:
@@ -213,3 +213,9 @@ def render(outcome: Any, console: Any) -> None:
     note = limiting_note(head, outcome.breakdown)
     if note:
         console.print(f"[bold]{note}[/bold]")
+
+
+def headline(steps: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The shape the run is about: the largest batch, then the longest context, that succeeded."""
+    ok = [r for r in steps if "failure" not in r]
+    return max(ok, key=lambda r: (r["batch"], r["ctx"])) if ok else None

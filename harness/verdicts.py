@@ -1,17 +1,22 @@
-"""Within-run verdicts: pair configurations that differ in one field, and judge each ratio.
+"""Within-run verdicts: pair points that differ in one field and judge each ratio with a CI.
 
-A revalidate run measures a grid (PLE × KV dtype × donation). The questions worth asking of it
-are effects: does donation speed the step up, does an int8 KV cache, does a quantized PLE table?
-Each is answered by pairing the two configurations that differ only in that field and forming
+A revalidate run measures a grid (PLE × KV dtype × donation, per batch and context). The questions
+worth asking of it are effects: does donation speed the step up, does an int8 KV cache, does a
+quantized PLE table? Each is answered by pairing the two points that differ only in that field:
 
-    ratio = median(reference) / median(variant)          (> 1: the variant is faster)
-    noise = max(rel IQR of reference, rel IQR of variant)
-    verdict = "real" iff |ratio − 1| > 2 · noise, else "within noise"   (harness/stats.py)
+    ratio   = median(reference) / median(variant)          (> 1: the variant is faster)
+    CI      = paired hierarchical bootstrap over rounds and samples (harness/compare.py), on the
+              samples taken while the host was quiet when every round keeps enough of them
+    verdict = faster | slower | equivalent | inconclusive   (practical floor, default 2%)
+    rule_2iqr = the reference article's "real" / "within noise" (|ratio − 1| > 2 × the larger
+              relative IQR), kept as a column to read against its tables
 
-Data flow: `ratio_records(measurements)` → `kind: "ratio"` records (results.jsonl, summary.csv),
-which the gate compares across runs (`direction: "higher"`: a shrinking speedup regresses) so CI
-machine speed cancels out; `render_verdicts` prints one rich table per effect and
-`render_summary` the per-configuration table that precedes them.
+An A/A run (``--aa N``) pairs ``aa<i>-A`` with ``aa<i>-B``: identical configurations, so every
+*faster* or *slower* is a false positive (the run summary reports the rate).
+
+Data flow: `ratio_records(measurements)` → ``kind: "ratio"`` records (results.jsonl, summary.csv),
+which the gate compares across runs (`direction: "higher"`, noise from `noise_pct`); then
+`render_summary` and `render_verdicts` print 80-column rich tables.
 """
 
 from __future__ import annotations
@@ -25,10 +30,11 @@ EFFECTS: tuple[tuple[str, str, Any, tuple[Any, ...]], ...] = (
     ("kv-int8", "kv_dtype", "bf16", ("int8",)),
     ("ple", "ple", "bf16", ("int8", "int4")),
 )
+_SHAPE_FIELDS = ("batch", "ctx")
 
 
-def _group_label(case: dict[str, Any], varied: str) -> str:
-    """Short label of the fields held fixed in a comparison, e.g. "ple-bf16/kv-int8/donated"."""
+def _group_label(case: dict[str, Any], varied: str, with_shape: bool) -> str:
+    """Short label of the fields held fixed, e.g. "ple-bf16/kv-int8/donated" (+ "/b4/ctx8192")."""
     parts = []
     if varied != "ple":
         parts.append(f"ple-{case.get('ple')}")
@@ -36,22 +42,18 @@ def _group_label(case: dict[str, Any], varied: str) -> str:
         parts.append(f"kv-{case.get('kv_dtype')}")
     if varied != "donate":
         parts.append("donated" if case.get("donate") else "copying")
+    if with_shape:
+        parts.append(f"b{case.get('batch')}/ctx{case.get('ctx')}")
     return "/".join(parts)
 
 
-def ratio_records(
-    measurements: Sequence[dict[str, Any]], *, run_id: str, base_env: dict[str, Any]
-) -> list[dict[str, Any]]:
-    """Within-run `ratio` records for every effect whose two configurations both succeeded.
-
-    For each effect in `EFFECTS`, configurations are paired when all their other case fields are
-    equal; ratio = reference median / variant median, noise = the larger relative IQR.
-    """
-    from harness.env import config_hash, utc_now
-    from harness.results import make_record
-    from harness.stats import verdict
-
-    ok = [r for r in measurements if r.get("kind") == "revalidate" and "failure" not in r]
+def _pairs(ok: Sequence[dict[str, Any]]) -> list[tuple[str, str, Any, Any, dict[str, Any], dict[str, Any]]]:
+    """(effect, varied, reference value, variant value, reference record, variant record)."""
+    names = {r["name"] for r in ok}
+    aa = sorted(n[:-2] for n in names if n.startswith("aa") and n.endswith("-A") and n[:-2] + "-B" in names)
+    if aa:
+        by = {r["name"]: r for r in ok}
+        return [("aa", "", "A", "B", by[f"{p}-A"], by[f"{p}-B"]) for p in aa]
     out = []
     for effect, varied, ref_value, variants in EFFECTS:
         for ref in ok:
@@ -65,107 +67,176 @@ def ratio_records(
                     if r["config"].get(varied) == var_value
                     and {k: v for k, v in r["config"].items() if k != varied} == fixed
                 ]
-                if not match:
-                    continue
-                var = match[0]
-                noise_pct = max(ref["step_rel_iqr_pct"], var["step_rel_iqr_pct"])
-                v = verdict(ref["step_ms_median"] / var["step_ms_median"], noise_pct / 100.0)
-                group = _group_label(ref["config"], varied)
-                name = f"{effect}/{group}" if effect != "ple" else f"ple-{var_value}/{group}"
-                config = {
-                    "effect": effect,
-                    "varied": varied,
-                    "reference": ref_value,
-                    "variant": var_value,
-                    **fixed,
-                }
-                env = {**base_env, "config_hash": config_hash(config), "timestamp_utc": utc_now()}
-                env.update({k: ref["env"].get(k) for k in ("platform", "device_kind", "device_count")})
-                out.append(
-                    make_record(
-                        "ratio",
-                        name,
-                        run_id=run_id,
-                        env=env,
-                        config=config,
-                        effect=effect,
-                        numerator=ref["name"],
-                        denominator=var["name"],
-                        numerator_ms=ref["step_ms_median"],
-                        denominator_ms=var["step_ms_median"],
-                        ratio=v.ratio,
-                        noise_pct=noise_pct,
-                        verdict=v.label,
-                        direction="higher",
-                    )
-                )
+                if match:
+                    out.append((effect, varied, ref_value, var_value, ref, match[0]))
+    return out
+
+
+def ratio_records(
+    measurements: Sequence[dict[str, Any]],
+    *,
+    run_id: str,
+    base_env: dict[str, Any],
+    floor: float = 0.02,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Within-run `ratio` records for every effect whose two points both succeeded."""
+    from harness.compare import compare_rounds
+    from harness.env import config_hash, utc_now
+    from harness.results import is_failure, make_record
+    from harness.revalidate_records import clean_rounds
+    from harness.stats import verdict
+
+    ok = [r for r in measurements if r.get("kind") == "revalidate" and not is_failure(r)]
+    with_shape = len({(r["batch"], r["ctx"]) for r in ok}) > 1
+    out = []
+    for effect, varied, ref_value, var_value, ref, var in _pairs(ok):
+        ref_clean, var_clean = clean_rounds(ref), clean_rounds(var)
+        if ref_clean is not None and var_clean is not None:
+            (ref_rounds, ref_dropped), (var_rounds, var_dropped) = ref_clean, var_clean
+            cleaned = ref_dropped + var_dropped > 0
+        else:  # too few quiet samples on one side: compare like with like, all samples
+            ref_rounds, var_rounds, cleaned = ref["step_ms_by_round"], var["step_ms_by_round"], False
+        cmp = compare_rounds(ref_rounds, var_rounds, floor=floor, seed=seed)
+        noise_pct = max(ref["step_rel_iqr_pct"], var["step_rel_iqr_pct"])
+        rule = verdict(ref["step_ms_median"] / var["step_ms_median"], noise_pct / 100.0)
+        if effect == "aa":
+            name, fixed = f"aa/{ref['name'][2:-2]}", {}
+        else:
+            group = _group_label(ref["config"], varied, with_shape)
+            name = f"{effect}/{group}" if effect != "ple" else f"ple-{var_value}/{group}"
+            fixed = {k: v for k, v in ref["config"].items() if k != varied}
+        config = {"effect": effect, "varied": varied, "reference": ref_value, "variant": var_value, **fixed}
+        env = {**base_env, "config_hash": config_hash(config), "timestamp_utc": utc_now()}
+        env.update({k: ref["env"].get(k) for k in ("platform", "device_kind", "device_count")})
+        out.append(
+            make_record(
+                "ratio",
+                name,
+                run_id=run_id,
+                env=env,
+                config=config,
+                effect=effect,
+                numerator=ref["name"],
+                denominator=var["name"],
+                numerator_ms=ref["step_ms_median"],
+                denominator_ms=var["step_ms_median"],
+                ratio=cmp.ratio,
+                ci95_lo=cmp.ci_lo,
+                ci95_hi=cmp.ci_hi,
+                floor_pct=100.0 * floor,
+                rounds=cmp.rounds,
+                rounds_to_settle=cmp.rounds_to_settle,
+                contaminated_excluded=cleaned,
+                verdict=cmp.word,
+                noise_pct=noise_pct,
+                rule_2iqr=rule.label,
+                direction="higher",
+            )
+        )
     return out
 
 
 _EFFECT_TITLES = {
-    "donation": "donation effect: copying ÷ donated step time, per (PLE, KV)",
-    "kv-int8": "int8 vs bf16 KV: bf16 ÷ int8 step time, per (PLE, donation)",
-    "ple": "PLE effect: PLE bf16 ÷ quantized PLE step time, per (KV, donation)",
+    "donation": "donation: copying ÷ donated step time",
+    "kv-int8": "int8 vs bf16 KV: bf16 ÷ int8 step time",
+    "ple": "PLE format: bf16 ÷ quantized PLE step time",
+    "aa": "A/A: identical configurations (any faster/slower is a false positive)",
 }
+_STYLE = {"faster": "bold green", "slower": "bold red", "equivalent": "cyan", "inconclusive": "yellow"}
 
 
-def render_verdicts(ratios: Sequence[dict[str, Any]], console: Any) -> None:
-    """One table per effect: ratio (> 1 = the variant is faster), noise, verdict."""
+def _verdict_text(r: dict[str, Any]) -> str:
+    style = _STYLE.get(r["verdict"], "")
+    more = r.get("rounds_to_settle")
+    extra = f" (+{more}r)" if r["verdict"] == "inconclusive" and more else ""
+    return f"[{style}]{r['verdict']}[/{style}]{extra}"
+
+
+def render_verdicts(ratios: Sequence[dict[str, Any]], summary: dict[str, Any] | None, console: Any) -> None:
+    """One 80-column table per effect: comparison, ratio, 95% CI, the 2×IQR rule, verdict; then the
+    host and A/A lines of the run summary."""
+    from rich import box
     from rich.table import Table
 
     for effect, title in _EFFECT_TITLES.items():
         rows = [r for r in ratios if r["effect"] == effect]
         if not rows:
             continue
-        table = Table(title=title, title_justify="left")
-        for col in ("comparison", "numerator ms", "denominator ms", "ratio", "2×noise", "verdict"):
-            table.add_column(col, justify="left" if col in ("comparison", "verdict") else "right")
+        table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        table.add_column("comparison", no_wrap=True, overflow="fold")
+        table.add_column("ratio", justify="right", no_wrap=True)
+        table.add_column("95% CI", justify="right", no_wrap=True)
+        table.add_column("2×IQR", no_wrap=True)
+        table.add_column("verdict", no_wrap=True)
         for r in rows:
-            style = "bold green" if r["verdict"] == "real" else "yellow"
             table.add_row(
-                r["name"],
-                f"{r['numerator_ms']:.3f}",
-                f"{r['denominator_ms']:.3f}",
-                f"{r['ratio']:.3f}×",
-                f"±{2 * r['noise_pct']:.2f}%",
-                f"[{style}]{r['verdict']}[/{style}]",
+                r["name"].split("/", 1)[1] if "/" in r["name"] else r["name"],
+                f"{r['ratio']:.3f}",
+                f"{r['ci95_lo']:.3f}–{r['ci95_hi']:.3f}",
+                "real" if r["rule_2iqr"] == "real" else "noise",
+                _verdict_text(r),
             )
         console.print(table)
-    console.print("[dim]real = |ratio − 1| > 2 × the larger relative IQR of the two configurations[/dim]")
+    if ratios:
+        floor = ratios[0]["floor_pct"]
+        console.print(
+            f"[dim]ratio > 1: the variant is faster. faster/slower: CI excludes 1 and |ratio − 1| > "
+            f"{floor:g}%; equivalent: CI within ±{floor:g}%; (+Nr): more rounds likely to settle it. "
+            "2×IQR: the reference article's rule.[/dim]"
+        )
+    if summary:
+        render_host(summary, console)
+
+
+def render_host(summary: dict[str, Any], console: Any) -> None:
+    """Whether the host was quiet, the CI width, and the A/A false-positive rate where measured."""
+    n, bad = summary.get("samples_total", 0), summary.get("contaminated_samples", 0)
+    thr = summary.get("contaminated_threshold_cores")
+    if summary.get("host_quiet"):
+        console.print(f"host quiet: {bad} of {n} samples taken while other processes used > {thr} cores")
+    else:
+        console.print(
+            f"[yellow]host NOT quiet: {bad} of {n} samples taken while other processes used > {thr} "
+            "cores (flagged; left out of the verdicts where every round kept enough)[/yellow]"
+        )
+    hw = summary.get("median_ci95_half_width_pct")
+    if hw is not None:
+        console.print(f"median 95% CI half-width of a configuration's median: ±{hw:.2f}%")
+    if "aa_comparisons" in summary:
+        console.print(
+            f"A/A: {summary['aa_false_positives']} of {summary['aa_comparisons']} comparisons called "
+            f"faster/slower (false-positive rate {100 * summary['aa_false_positive_rate']:.1f}%); CI alone "
+            f"excluded 1 in {summary['aa_ci_excludes_one']}; the 2×IQR rule said real in "
+            f"{summary['aa_rule_2iqr_real']}"
+        )
 
 
 def render_summary(measurements: Sequence[dict[str, Any]], console: Any) -> None:
-    """Per-configuration table: median, min, max, IQR, rel IQR, tok/s, weight and KV bytes, compile."""
+    """Per-point 80-column table: median, its 95% CI half-width, rel IQR, tok/s, flagged samples."""
+    from rich import box
     from rich.table import Table
 
-    table = Table(title="decode step per configuration (ms)", title_justify="left")
-    for col in (
-        "config",
-        "median",
-        "min",
-        "max",
-        "IQR",
-        "rel IQR %",
-        "agg tok/s",
-        "weights GB",
-        "KV GB",
-        "compile s",
-    ):
-        table.add_column(col, justify="left" if col == "config" else "right")
+    table = Table(
+        title="decode step per configuration (ms)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
+    )
+    table.add_column("configuration", no_wrap=True, overflow="fold")
+    for col in ("median", "±CI%", "IQR%", "tok/s", "busy"):
+        table.add_column(col, justify="right", no_wrap=True)
     for r in measurements:
         if "failure" in r:
-            table.add_row(r["name"], f"[red]{r['failure']['kind']}[/red]", *[""] * 8)
+            table.add_row(r["name"], f"[red]{r['failure']['kind']}[/red]", "", "", "", "")
             continue
         table.add_row(
             r["name"],
-            f"{r['step_ms_median']:.3f}",
-            f"{r['step_ms_min']:.3f}",
-            f"{r['step_ms_max']:.3f}",
-            f"{r['step_ms_iqr']:.3f}",
-            f"{r['step_rel_iqr_pct']:.2f}",
+            f"{r['step_ms_median']:.2f}",
+            f"{r['step_ci95_half_width_pct']:.2f}",
+            f"{r['step_rel_iqr_pct']:.1f}",
             f"{r['agg_tok_per_s']:.1f}",
-            f"{r['weights_bytes'] / 1e9:.3f}",
-            f"{r['kv_bytes'] / 1e9:.3f}",
-            f"{r['compile_s']:.1f}",
+            f"{r['contaminated_samples']}/{r['n_samples']}",
         )
     console.print(table)
+    console.print(
+        "[dim]±CI%: half-width of the median's 95% CI (bootstrap over rounds and samples); busy: samples "
+        "taken while other processes used the CPU. Full names and every field: summary.csv[/dim]"
+    )

@@ -1,4 +1,4 @@
-"""`g4bench revalidate`: decode-step grid, one fresh process per configuration, noise-judged verdicts.
+"""`g4bench revalidate`: the decode-step grid in interleaved fresh-process rounds, verdicts with CIs.
 
 Thin: maps options onto `harness.revalidate.run_revalidate` and its outcome onto exit codes
 (0 all measured, 1 some configuration failed (recorded, the sweep went on), 2 unusable request).
@@ -30,19 +30,47 @@ def revalidate(
         ),
     ] = None,
     ctx: Annotated[
-        int | None,
+        str | None,
         typer.Option(
-            help="Context length of every sequence. (default: 8192 on an accelerator; CPU default printed)"
+            help="Context length(s), comma-separated, e.g. 1024,4096,8192. (default: 8192; CPU default printed)"
         ),
     ] = None,
     batch: Annotated[
-        int | None,
-        typer.Option(help="Sequences per decode step. (default: 32 on an accelerator; CPU default printed)"),
+        str | None,
+        typer.Option(
+            help="Batch size(s), comma-separated, e.g. 1,8,32. (default: 32 on an accelerator; CPU default printed)"
+        ),
     ] = None,
-    samples: Annotated[int | None, typer.Option(help="Timed steps per configuration. (default: 15)")] = None,
-    warmup: Annotated[int | None, typer.Option(help="Untimed steps before sampling. (default: 3)")] = None,
+    rounds: Annotated[
+        int | None,
+        typer.Option(
+            help="Rounds: each visits every configuration once, in a fresh random order, one fresh process per "
+            "visit. (default: 3 on the CPU, 2 on an accelerator)"
+        ),
+    ] = None,
+    samples: Annotated[
+        int | None, typer.Option(help="Timed steps per visit. (default: 5 on the CPU, 8 on an accelerator)")
+    ] = None,
+    warmup: Annotated[
+        int | None, typer.Option(help="Untimed steps per visit. (default: 2 on the CPU, 3 on an accelerator)")
+    ] = None,
     seed: Annotated[
-        int | None, typer.Option(help="Seed of the synthetic weights and the bootstrap. (default: 0)")
+        int | None, typer.Option(help="Seed of the weights, the visit orders and the bootstrap. (default: 0)")
+    ] = None,
+    floor_pct: Annotated[
+        float | None,
+        typer.Option(help="Practical floor in percent: smaller effects are never faster/slower. (default: 2)"),
+    ] = None,
+    aa: Annotated[
+        int | None,
+        typer.Option(
+            help="A/A calibration: measure the one selected configuration as N independent pairs in the same "
+            "interleaved design and report the false-positive rate."
+        ),
+    ] = None,
+    cpus: Annotated[
+        str | None,
+        typer.Option(help="Pin each child (and XLA's thread pool) to these CPU ids, e.g. 0,1. (default: inherited)"),
     ] = None,
     out: Annotated[
         Path | None,
@@ -71,14 +99,15 @@ def revalidate(
         ),
     ] = None,
 ) -> None:
-    """Measure the decode step over configs/sweeps/revalidate.toml (PLE × KV dtype × donation).
+    """Measure the decode step over configs/sweeps/revalidate.toml (PLE × KV dtype × donation) × batch × ctx.
 
-    Each configuration runs in its own process and each sample times one step on fresh inputs. Prints per-configuration statistics and verdict tables (a ratio is "real" only above twice the measured noise), and writes results.jsonl, summary.csv, env.json, command.txt and logs/ to the run folder. Exit 1 if a configuration failed (it is recorded and the sweep goes on), 2 on an unusable request.
+    Rounds visit every configuration once in a fresh random order, each visit a fresh process timing steps on warm buffers, with the host's other CPU load recorded per sample. Each effect (donation, int8 KV, PLE format) gets a ratio with a bootstrap 95% CI and a verdict: faster / slower / equivalent / inconclusive (the reference's 2×IQR rule shown beside it). Writes results.jsonl, summary.csv, visits.jsonl, env.json, command.txt, logs/ and plots/. Exit 1 if a configuration failed (recorded; the sweep goes on), 2 on an unusable request.
     """
     import sys
 
     from rich.console import Console
 
+    from g4bench.commands.options import int_list
     from harness.revalidate import RevalidateError, run_revalidate
 
     console = Console(stderr=True)
@@ -87,11 +116,15 @@ def revalidate(
         raise typer.Exit(code=2)
     requested = {
         "model": model,
-        "batch": batch,
-        "ctx": ctx,
+        "batches": int_list(batch, "--batch"),
+        "ctxs": int_list(ctx, "--ctx"),
+        "rounds": rounds,
         "samples": samples,
         "warmup": warmup,
         "seed": seed,
+        "floor": floor_pct / 100.0 if floor_pct is not None else None,
+        "aa": aa,
+        "cpus": int_list(cpus, "--cpus", minimum=0),
         "layers": layers,
         "timeout_s": timeout,
         "mem_limit_bytes": int(mem_limit_gib * 2**30) if mem_limit_gib is not None else None,

@@ -12,18 +12,6 @@ from typing import Annotated
 import typer
 
 
-def _ints(text: str | None, option: str) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError as exc:
-        raise typer.BadParameter(f"{option} takes comma-separated integers, got {text!r}") from exc
-    if not values:
-        raise typer.BadParameter(f"{option} is empty")
-    return values
-
-
 def roofline(
     model: Annotated[
         str | None, typer.Option(help="Model: e2b, e4b, a tiny-* preset or a config .json. (default: e2b)")
@@ -76,13 +64,14 @@ def roofline(
 
     from rich.console import Console
 
+    from g4bench.commands.options import int_list
     from harness.roofline import RooflineError, run_roofline
 
     console = Console(stderr=True)
     requested = {
         "model": model,
-        "batches": _ints(batch, "--batch"),
-        "ctxs": _ints(ctx, "--ctx"),
+        "batches": int_list(batch, "--batch"),
+        "ctxs": int_list(ctx, "--ctx"),
         "kv_dtype": kv,
         "layers": layers,
         "samples": samples,

@@ -87,7 +87,7 @@ def engine_baseline_child(payload: dict[str, Any]) -> dict[str, Any]:
     from g4bench.engine.loading import default_format
     from g4bench.model.config import load_config
     from harness.env import device_info
-    from harness.revalidate import measure_bench
+    from harness.timing import measure_bench
 
     fmt = default_format(load_config(payload["model"]))
     case = DecodeCase(model=payload["model"], layers=fmt.layers, ple=fmt.ple, embed=fmt.embed,

@@ -9,10 +9,19 @@ from g4bench.cli import app
 from harness.env import host_env, merge_device
 from harness.plots import PLOTTERS, plot_run, register_plotter
 from harness.results import append_record, make_record
-from harness.revalidate import SweepConfig, SweepSettings, measurement_record
+from harness.revalidate import Point, SweepConfig, SweepSettings
+from harness.revalidate_records import measurement_record as _measurement_record
 from harness.verdicts import ratio_records
 
-SETTINGS = SweepSettings(model="e2b", batch=4, ctx=4096, samples=5, warmup=1)
+SETTINGS = SweepSettings(model="e2b", batches=(4,), ctxs=(4096,), rounds=1, samples=5, warmup=1)
+
+
+def measurement_record(cfg: SweepConfig, settings: SweepSettings, result: dict, **kw) -> dict:
+    """One round's child result as a revalidate record (the sweep passes one result per round)."""
+    case = {**cfg.case, "model": settings.model, "batch": settings.batches[0], "ctx": settings.ctxs[0]}
+    return _measurement_record(Point(cfg.name, case), [result], settings, **kw)
+
+
 ENV = merge_device(
     host_env({}, git_rev="abc1234"), {"platform": "cpu", "device_kind": "cpu", "device_count": 1}
 )
@@ -68,7 +77,7 @@ def test_revalidate_figures_png_and_svg(tmp_path):
         assert p.parent == run / "plots" and p.stat().st_size > 1000
     assert (run / "plots" / "step_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     svg = (run / "plots" / "step_time.svg").read_text()
-    assert "ple-bf16/kv-bf16/copying" in svg and "failed: timeout" in svg and "real" in svg
+    assert "ple-bf16/kv-bf16/copying" in svg and "failed: timeout" in svg and "faster" in svg
     tput = (run / "plots" / "throughput.svg").read_text()
     assert "vLLM, TPU v6e-1 (ct6e-standard-1t)" in tput
     assert "input 4096" in tput  # the sweep's input length nearest the run's ctx

@@ -25,13 +25,20 @@ from harness.results import (
     write_command,
     write_summary,
 )
-from harness.revalidate import SweepConfig, SweepSettings, measurement_record
+from harness.revalidate import Point, SweepConfig, SweepSettings
+from harness.revalidate_records import measurement_record as _measurement_record
 from harness.verdicts import ratio_records
 
 ENV = merge_device(
     host_env({"x": 1}, git_rev="abc1234"), {"platform": "cpu", "device_kind": "cpu", "device_count": 1}
 )
-SETTINGS = SweepSettings(model="tiny-a", batch=8, ctx=512, samples=5, warmup=1)
+SETTINGS = SweepSettings(model="tiny-a", batches=(8,), ctxs=(512,), rounds=1, samples=5, warmup=1)
+
+
+def measurement_record(cfg: SweepConfig, settings: SweepSettings, result: dict, **kw) -> dict:
+    """One round's child result as a revalidate record (the sweep passes one result per round)."""
+    case = {**cfg.case, "model": settings.model, "batch": settings.batches[0], "ctx": settings.ctxs[0]}
+    return _measurement_record(Point(cfg.name, case), [result], settings, **kw)
 
 
 def child_result(samples: list[float]) -> dict:
@@ -91,7 +98,8 @@ def test_success_failure_and_ratio_records_validate():
     validate_record(ratio)
     assert ratio["name"] == "donation/ple-bf16/kv-bf16"
     assert ratio["ratio"] == pytest.approx(2.0)
-    assert ratio["verdict"] == "real"
+    assert ratio["verdict"] == "faster" and ratio["rule_2iqr"] == "real"
+    assert ratio["ci95_lo"] > 1.9 and ratio["ci95_hi"] < 2.1
 
 
 @pytest.mark.parametrize(

@@ -22,12 +22,13 @@ from harness.results import read_records
 from harness.revalidate import (
     CPU_DEFAULTS,
     RevalidateError,
+    SweepSettings,
     load_sweep,
-    measure_bench,
     resolve_settings,
     select_configs,
-    time_steps,
+    sweep_points,
 )
+from harness.timing import measure_bench, time_steps
 
 HERE = Path(__file__).resolve()
 STEP_MS = {("bf16", False): 24.0, ("bf16", True): 12.0, ("int8", False): 16.0, ("int8", True): 10.0}
@@ -68,6 +69,12 @@ def fake_child(payload: dict) -> dict:
     result = measure_bench(
         FakeBench(STEP_MS[case["kv_dtype"], case["donate"]]), payload["samples"], payload["warmup"]
     )
+    result["host_other_cores"] = [0.0] * len(result["step_ms_samples"])  # the fake is never contaminated
+    if os.environ.get("FAKE_MODE") == "hog" and payload["round"] == 1 and case["donate"]:
+        # a hog ran while round 2 measured the donated points: 3 of 5 samples slowed 3× and flagged
+        for i in (0, 2, 4):
+            result["step_ms_samples"][i] *= 3.0
+            result["host_other_cores"][i] = 1.0
     result["device"] = {"platform": "cpu", "device_kind": "fake cpu", "device_count": 1}
     return result
 
@@ -122,28 +129,72 @@ def test_grid_is_the_twelve_configurations():
 
 def test_timing_excludes_input_building():
     bench = FakeBench(step_ms=2.0, inputs_ms=30.0)
-    times = time_steps(bench, samples=5, warmup=2)
+    timed = time_steps(bench, samples=5, warmup=2)
     assert bench.steps == 7
-    assert len(times) == 5
-    assert all(1.5 < t < 25.0 for t in times)  # the 30 ms of fresh_inputs is outside the timed region
+    assert len(timed["step_ms"]) == len(timed["other_cores"]) == 5
+    assert all(1.5 < t < 25.0 for t in timed["step_ms"])  # the 30 ms of fresh_inputs is outside the timing
+
+
+class CarryBench(FakeBench):
+    """A bench with the warm-buffer protocol: `advance` returns the next state."""
+
+    def __init__(self, step_ms: float):
+        super().__init__(step_ms)
+        self.fresh = 0
+
+    def fresh_inputs(self):
+        self.fresh += 1
+        return ("cache", 0)
+
+    def advance(self, state):
+        self.steps += 1
+        time.sleep(self.step_ms / 1e3)
+        return (state[0], state[1] + 1)
+
+
+def test_warm_buffers_allocate_once_and_carry_the_state():
+    bench = CarryBench(step_ms=1.0)
+    timed = time_steps(bench, samples=6, warmup=2)
+    assert bench.fresh == 1 and bench.steps == 8  # one allocation, then the state is carried
+    assert len(timed["step_ms"]) == 6
 
 
 def test_cpu_defaults_are_printed_with_reason():
-    settings, note = resolve_settings("cpu", model="e2b", batch=None, ctx=None, samples=None, warmup=None)
-    assert (settings.batch, settings.ctx, settings.samples, settings.warmup) == (
-        CPU_DEFAULTS.batch,
-        CPU_DEFAULTS.ctx,
+    settings, note = resolve_settings(
+        "cpu", model="e2b", batches=None, ctxs=None, rounds=None, samples=None, warmup=None
+    )
+    assert (settings.batches, settings.ctxs, settings.rounds, settings.samples, settings.warmup) == (
+        (CPU_DEFAULTS.batch,),
+        (CPU_DEFAULTS.ctx,),
+        CPU_DEFAULTS.rounds,
         CPU_DEFAULTS.samples,
         CPU_DEFAULTS.warmup,
     )
-    assert "15 minutes" in note
+    assert "15 minutes" in note and "rounds 3" in note
     assert settings.layers == "f32" and "do not fuse" in note
-    settings, note = resolve_settings("tpu", model="e2b", batch=None, ctx=None, samples=7, warmup=1)
+    settings, note = resolve_settings(
+        "tpu", model="e2b", batches=None, ctxs=None, rounds=None, samples=7, warmup=1
+    )
     assert settings.layers is None
-    assert (settings.batch, settings.ctx, settings.samples) == (32, 8192, 7)
+    assert (settings.batches, settings.ctxs, settings.samples, settings.rounds) == ((32,), (8192,), 7, 2)
     assert "batch 32, ctx 8192" in note and "samples" not in note
-    _, note = resolve_settings("cpu", model="e2b", batch=1, ctx=2, samples=3, warmup=0, layers="w4a16")
+    _, note = resolve_settings(
+        "cpu", model="e2b", batches=[1], ctxs=[2], rounds=1, samples=3, warmup=0, layers="w4a16"
+    )
     assert note is None
+
+
+def test_points_cross_batches_and_contexts_and_aa_pairs():
+    configs = select_configs(load_sweep(), ["ple-bf16/kv-bf16/*"])
+    s = SweepSettings(model="tiny-a", batches=(1, 8), ctxs=(64, 128), rounds=1, samples=1, warmup=0)
+    names = [p.name for p in sweep_points(configs, s)]
+    assert len(names) == 8 and "ple-bf16/kv-bf16/donated/b8/ctx128" in names
+    one = SweepSettings(model="tiny-a", batches=(2,), ctxs=(64,), rounds=1, samples=1, warmup=0, aa=3)
+    aa = sweep_points(configs[:1], one)
+    assert [p.name for p in aa] == ["aa00-A", "aa00-B", "aa01-A", "aa01-B", "aa02-A", "aa02-B"]
+    assert all(p.case == aa[0].case for p in aa)
+    with pytest.raises(RevalidateError, match="one configuration"):
+        sweep_points(configs, one)
 
 
 # ------------------------------------------------------------------------------------ end to end
@@ -152,30 +203,21 @@ def test_cpu_defaults_are_printed_with_reason():
 def test_sweep_writes_run_folder_and_verdicts(fake_env):
     out = fake_env / "run"
     res = invoke(
-        "--config",
-        "ple-bf16/*",
-        "--model",
-        "tiny-a",
-        "--batch",
-        8,
-        "--ctx",
-        512,
-        "--samples",
-        5,
-        "--warmup",
-        1,
-        "--out",
-        out,
-    )
+        "--config", "ple-bf16/*", "--model", "tiny-a", "--batch", 8, "--ctx", 512,
+        "--rounds", 2, "--samples", 5, "--warmup", 1, "--out", out,
+    )  # fmt: skip
     assert res.exit_code == 0, res.output
     records = read_records(out)
     meas = [r for r in records if r["kind"] == "revalidate"]
     assert [r["name"] for r in meas] == [c.name for c in select_configs(load_sweep(), ["ple-bf16/*"])]
     donated = next(r for r in meas if r["name"] == "ple-bf16/kv-bf16/donated")
     assert donated["step_ms_median"] == pytest.approx(12.0, rel=0.5)
+    assert donated["rounds"] == 2 and [len(r) for r in donated["step_ms_by_round"]] == [5, 5]
+    assert donated["step_ms_ci95_lo"] <= donated["step_ms_median"] <= donated["step_ms_ci95_hi"]
     assert donated["compile_s"] == 0.25 and donated["weights_bytes"] == 1234 and donated["kv_bytes"] == 567
     assert donated["config"]["model"] == "tiny-a" and donated["env"]["device_kind"] == "fake cpu"
     assert donated["agg_tok_per_s"] == pytest.approx(8000 / donated["step_ms_median"])
+    assert donated["model_bytes"] > 0 and donated["model_bytes_by_part"]["kv_read"] > 0  # costs.py
     ratios = {r["name"]: r for r in records if r["kind"] == "ratio"}
     assert set(ratios) == {
         "donation/ple-bf16/kv-bf16",
@@ -183,26 +225,66 @@ def test_sweep_writes_run_folder_and_verdicts(fake_env):
         "kv-int8/ple-bf16/copying",
         "kv-int8/ple-bf16/donated",
     }
-    assert ratios["donation/ple-bf16/kv-bf16"]["verdict"] == "real"
-    assert ratios["donation/ple-bf16/kv-bf16"]["ratio"] == pytest.approx(2.0, rel=0.3)
-    for name in ("summary.csv", "command.txt", "env.json"):
+    don = ratios["donation/ple-bf16/kv-bf16"]
+    assert don["verdict"] == "faster" and don["rule_2iqr"] in ("real", "within noise")
+    assert don["ratio"] == pytest.approx(2.0, rel=0.3) and don["ci95_lo"] > 1.0
+    (summary,) = [r for r in records if r["kind"] == "summary"]
+    assert summary["samples_total"] == 40 and summary["contaminated_samples"] == 0
+    # every round visited all four points; logged as it happened
+    visits = [json.loads(line) for line in (out / "visits.jsonl").read_text().splitlines()]
+    assert sorted((v["round"], v["name"]) for v in visits) == sorted((r, m["name"]) for r in (0, 1) for m in meas)
+    assert [v["round"] for v in visits] == [0] * 4 + [1] * 4
+    for name in ("summary.csv", "command.txt", "env.json", "plots/step_time.png"):
         assert (out / name).is_file()
-    assert (
-        (out / "command.txt")
-        .read_text()
-        .startswith("g4bench revalidate --config 'ple-bf16/*' --model tiny-a")
-    )
+    assert (out / "command.txt").read_text().startswith("g4bench revalidate --config 'ple-bf16/*' --model tiny-a")
     env = json.loads((out / "env.json").read_text())
-    assert env["settings"]["batch"] == 8 and env["platform"] == "cpu"
-    assert (out / "logs" / "ple-bf16_kv-bf16_donated.log").is_file()
-    assert "donation effect" in res.output and "real" in res.output
+    assert env["settings"]["batches"] == [8] and env["settings"]["rounds"] == 2 and env["platform"] == "cpu"
+    assert (out / "logs" / "ple-bf16_kv-bf16_donated-r1.log").is_file()
+    assert "donation" in res.output and "faster" in res.output and "host quiet" in res.output
     assert str(out) in res.output.replace("\n", "")
+    tables = [line for line in res.output.splitlines() if str(fake_env) not in line]
+    assert max(len(line) for line in tables) <= 80  # fits a log (only file paths may run longer)
+
+
+def test_contaminated_samples_are_flagged_and_left_out(fake_env, monkeypatch):
+    """A hog slows the donated points in round 2 only; its samples are flagged, dropped from the
+    verdicts, and the donation effect keeps its sign and size."""
+    monkeypatch.setenv("FAKE_MODE", "hog")
+    out = fake_env / "run"
+    args = ["--config", "ple-bf16/*", "--rounds", 3, "--samples", 5, "--warmup", 0, "--out", out]
+    res = invoke(*args, "--batch", 2, "--ctx", 64)
+    assert res.exit_code == 0, res.output
+    records = read_records(out)
+    don = next(r for r in records if r["name"] == "ple-bf16/kv-bf16/donated")
+    assert don["contaminated_samples"] == 3
+    ratio = next(r for r in records if r["name"] == "donation/ple-bf16/kv-bf16")
+    assert ratio["contaminated_excluded"] and ratio["verdict"] == "faster"
+    assert ratio["ratio"] == pytest.approx(2.0, rel=0.3)
+    (summary,) = [r for r in records if r["kind"] == "summary"]
+    assert summary["contaminated_samples"] == 6 and not summary["host_quiet"]
+    assert "NOT quiet" in res.output
+
+
+def test_aa_run_reports_false_positive_rate(fake_env):
+    out = fake_env / "run"
+    res = invoke(
+        "--config", "ple-bf16/kv-bf16/donated", "--aa", 4, "--rounds", 2, "--samples", 4,
+        "--warmup", 0, "--batch", 2, "--ctx", 64, "--out", out,
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    records = read_records(out)
+    aa = [r for r in records if r["kind"] == "ratio"]
+    assert [r["name"] for r in aa] == ["aa/00", "aa/01", "aa/02", "aa/03"]
+    (summary,) = [r for r in records if r["kind"] == "summary"]
+    assert summary["aa_comparisons"] == 4
+    assert summary["aa_false_positives"] == sum(r["verdict"] in ("faster", "slower") for r in aa)
+    assert "A/A:" in res.output and "false-positive rate" in res.output
 
 
 def test_failures_recorded_sweep_continues_and_resume_reruns_only_them(fake_env, monkeypatch):
     monkeypatch.setenv("FAKE_MODE", "mixed")
     out = fake_env / "run"
-    args = ["--samples", 3, "--warmup", 0, "--batch", 2, "--ctx", 64, "--out", out]
+    args = ["--rounds", 1, "--samples", 3, "--warmup", 0, "--batch", 2, "--ctx", 64, "--out", out]
     res = invoke("--all", *args, "--timeout", 6, "--mem-limit-gib", 2)
     assert res.exit_code == 1, res.output
     meas = {r["name"]: r for r in read_records(out) if r["kind"] == "revalidate"}
@@ -246,11 +328,12 @@ def test_real_engine_child_on_tiny_model(tmp_path, monkeypatch):
     """With the lead's engine present: one real configuration of tiny-a in a child process."""
     pytest.importorskip("g4bench.engine.bench")
     from harness.isolate import run_isolated
-    from harness.revalidate import CHILD_TARGET, SweepSettings, child_payload
+    from harness.revalidate import CHILD_TARGET, child_payload
 
     monkeypatch.setenv("G4BENCH_JAX_CACHE_DIR", str(tmp_path / "cache"))
-    cfg = select_configs(load_sweep(), ["ple-bf16/kv-bf16/donated"])[0]
-    payload = child_payload(cfg, SweepSettings(model="tiny-a", batch=2, ctx=64, samples=3, warmup=1))
+    configs = select_configs(load_sweep(), ["ple-bf16/kv-bf16/donated"])
+    s = SweepSettings(model="tiny-a", batches=(2,), ctxs=(64,), rounds=1, samples=3, warmup=1)
+    payload = child_payload(sweep_points(configs, s)[0], s)
     res = run_isolated(CHILD_TARGET, payload, timeout_s=600)
     assert "failure" not in res, res.get("failure")
     assert len(res["step_ms_samples"]) == 3 and res["compile_s"] > 0 and res["device"]["platform"] == "cpu"

@@ -1,0 +1,93 @@
+"""What else the host was doing while a sample was timed: other processes' CPU, steal, frequency.
+
+Why: on a shared CPU (CI runners, a laptop, a busy GPU box's host) a timed step competes with
+whatever else runs. A benchmark that cannot see that blames the configuration for the host. Each
+sample therefore carries the CPU time *other* processes used during it (in cores: 1.0 = one core
+fully busy), the hypervisor's steal time and the clock frequency where the kernel exposes it, and
+the verdicts leave out samples taken while others used more than `CONTAMINATED_CORES`.
+
+Data flow (inside the measuring child)::
+
+    meter = HostLoadMeter()             # remembers this process
+    meter.start(); <timed step>; load = meter.stop()
+        other_cores = (Δ system busy CPU time − Δ this process's CPU time) / Δ wall
+        steal_frac  = Δ steal / (Δ wall × cores)
+        freq_mhz    = psutil.cpu_freq().current (None where the kernel does not say)
+
+System busy time is user + nice + system + irq + softirq + steal summed over all cores
+(psutil.cpu_times); this process's time includes every thread (XLA's pool too). Both clocks tick at
+10 ms, so a reading is only as good as its window is long: the timing loop (harness/timing.py)
+brackets consecutive samples until at least `MIN_WINDOW_S` has passed and gives each sample of the
+window that window's reading.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import psutil
+
+CONTAMINATED_CORES = 0.2  # samples during which other processes used more than this are flagged
+MIN_WINDOW_S = 0.5  # shortest window read (10 ms ticks on both clocks: ≤ ~0.06 cores of error)
+_BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """The host's other activity during one timed sample."""
+
+    other_cores: float  # CPU time of other processes ÷ wall time (cores)
+    steal_frac: float  # hypervisor steal ÷ (wall × cores)
+    freq_mhz: float | None
+
+    @property
+    def contaminated(self) -> bool:
+        return self.other_cores > CONTAMINATED_CORES
+
+    def as_dict(self) -> dict[str, float | None]:
+        return asdict(self)
+
+
+def _busy(times: object) -> float:
+    return sum(float(getattr(times, f, 0.0)) for f in _BUSY_FIELDS)
+
+
+def _own(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return float(t.user + t.system)
+
+
+def _freq() -> float | None:
+    freq = psutil.cpu_freq()
+    return float(freq.current) if freq is not None and freq.current else None
+
+
+class HostLoadMeter:
+    """Brackets one timed region: `start()` before it, `stop()` after it returns its `HostLoad`."""
+
+    def __init__(self) -> None:
+        self._proc = psutil.Process()
+        self._cores = psutil.cpu_count() or 1
+        self._t0 = self._busy0 = self._own0 = self._steal0 = 0.0
+
+    def start(self) -> None:
+        sys_times = psutil.cpu_times()
+        self._own0 = _own(self._proc)
+        self._busy0 = _busy(sys_times)
+        self._steal0 = float(getattr(sys_times, "steal", 0.0))
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> HostLoad:
+        wall = time.perf_counter() - self._t0
+        sys_times = psutil.cpu_times()
+        own = _own(self._proc) - self._own0
+        busy = _busy(sys_times) - self._busy0
+        steal = float(getattr(sys_times, "steal", 0.0)) - self._steal0
+        # cpu_times tick at 10 ms: a short sample can read slightly negative; clamp at zero.
+        other = max(0.0, busy - own) / wall if wall > 0 else 0.0
+        return HostLoad(
+            other_cores=other,
+            steal_frac=max(0.0, steal) / (wall * self._cores) if wall > 0 else 0.0,
+            freq_mhz=_freq(),
+        )

@@ -1,0 +1,152 @@
+"""Revalidate's records: one per point from its visits, and one run summary (host quiet? A/A rate).
+
+Data flow: harness/revalidate.py hands each point's visit results (one per round, in round order:
+a child's dict with ``step_ms_samples`` and per-sample host load, or a failure record) to
+`measurement_record`; `summary_record` reads the measurement and ratio records back.
+
+A point with any failed visit becomes a failure record (the first failure, its round named), so
+comparisons stay balanced across rounds; `--resume` measures the failed visits again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from harness.hostload import CONTAMINATED_CORES
+
+MIN_CLEAN_PER_ROUND = 2  # verdicts drop contaminated samples only if every round keeps this many
+
+
+def clean_rounds(record: dict[str, Any]) -> tuple[list[list[float]], int] | None:
+    """The record's samples by round without those taken while the host was busy, and how many were
+    dropped; None when some round would keep fewer than MIN_CLEAN_PER_ROUND of them."""
+    rounds = record["step_ms_by_round"]
+    loads = record.get("host_other_cores_by_round") or [[0.0] * len(r) for r in rounds]
+    clean = [
+        [t for t, load in zip(r, lr, strict=True) if load <= CONTAMINATED_CORES]
+        for r, lr in zip(rounds, loads, strict=True)
+    ]
+    if min(len(r) for r in clean) < MIN_CLEAN_PER_ROUND:
+        return None
+    return clean, sum(len(r) for r in rounds) - sum(len(r) for r in clean)
+
+
+def _cost_fields(case: dict[str, Any]) -> dict[str, Any]:
+    """Bytes moved and FLOPs by part of this decode step (g4bench/model/costs.py)."""
+    from g4bench.engine.bench import DecodeCase
+    from g4bench.model.config import load_config
+    from g4bench.model.costs import decode_cost, describe
+
+    c = DecodeCase(**case)
+    return describe(
+        decode_cost(load_config(c.model), c.weight_format, c.layout, c.batch, c.ctx, donated=c.donate)
+    )
+
+
+def measurement_record(
+    point: Any,
+    results: Sequence[dict[str, Any]],
+    settings: Any,
+    *,
+    run_id: str,
+    base_env: dict[str, Any],
+) -> dict[str, Any]:
+    """A `revalidate` record from a point's visit results (one per measured round)."""
+    from harness.compare import median_ci
+    from harness.env import config_hash, merge_device, utc_now
+    from harness.results import make_record
+    from harness.stats import summarize
+
+    config = {**point.case, "samples": settings.samples, "warmup": settings.warmup, "seed": settings.seed,
+              "rounds": settings.rounds}  # fmt: skip
+    device = next((r.get("device") for r in results if r.get("device")), None)
+    env = merge_device({**base_env, "config_hash": config_hash(config), "timestamp_utc": utc_now()}, device)
+    wall_s = float(sum(r.get("wall_s", 0.0) for r in results))
+    failed = [(i, r) for i, r in enumerate(results) if "failure" in r]
+    if failed:
+        i, r = failed[0]
+        fail = dict(r["failure"])
+        fail["detail"] = f"round {i + 1}: {fail['detail']}"
+        return make_record(
+            "revalidate", point.name, run_id=run_id, env=env, config=config, failure=fail, wall_s=wall_s
+        )
+    by_round = [[float(x) for x in r["step_ms_samples"]] for r in results]
+    loads = [[float(x) for x in r.get("host_other_cores") or [0.0] * len(t)] for r, t in zip(results, by_round, strict=True)]
+    flat = [t for r in by_round for t in r]
+    st = summarize(flat)
+    lo, hi = median_ci(by_round, seed=settings.seed)
+    batch, ctx = int(point.case["batch"]), int(point.case["ctx"])
+    contaminated = sum(load > CONTAMINATED_CORES for r in loads for load in r)
+    return make_record(
+        "revalidate",
+        point.name,
+        run_id=run_id,
+        env=env,
+        config=config,
+        batch=batch,
+        ctx=ctx,
+        step_ms_median=st.median,
+        step_ms_min=st.min,
+        step_ms_max=st.max,
+        step_ms_q1=st.q1,
+        step_ms_q3=st.q3,
+        step_ms_iqr=st.iqr,
+        step_rel_iqr_pct=st.rel_iqr_pct,
+        step_ms_ci95_lo=lo,
+        step_ms_ci95_hi=hi,
+        step_ci95_half_width_pct=100.0 * (hi - lo) / 2.0 / st.median,
+        agg_tok_per_s=batch * 1000.0 / st.median,
+        n_samples=st.n,
+        rounds=len(by_round),
+        warmup=settings.warmup,
+        weights_bytes=int(results[0]["weights_bytes"]),
+        kv_bytes=int(results[0]["kv_bytes"]),
+        compile_s=float(results[0]["compile_s"]),
+        compile_s_by_round=[float(r["compile_s"]) for r in results],
+        wall_s=wall_s,
+        step_ms_samples=flat,
+        step_ms_by_round=by_round,
+        host_other_cores_by_round=loads,
+        contaminated_samples=int(contaminated),
+        cpus=results[0].get("cpus"),
+        **_cost_fields(point.case),
+    )
+
+
+def summary_record(
+    measurements: Sequence[dict[str, Any]],
+    ratios: Sequence[dict[str, Any]],
+    settings: Any,
+    *,
+    run_id: str,
+    base_env: dict[str, Any],
+) -> dict[str, Any]:
+    """Run-level facts: was the host quiet, how wide are the CIs, and (A/A runs) the observed
+    false-positive rate of each rule."""
+    import statistics
+
+    from harness.env import config_hash, utc_now
+    from harness.results import is_failure, make_record
+
+    ok = [m for m in measurements if not is_failure(m)]
+    n = sum(m["n_samples"] for m in ok)
+    flagged = sum(m["contaminated_samples"] for m in ok)
+    config = {"rounds": settings.rounds, "samples": settings.samples, "floor": settings.floor, "aa": settings.aa}
+    fields: dict[str, Any] = {
+        "samples_total": n,
+        "contaminated_samples": flagged,
+        "contaminated_threshold_cores": CONTAMINATED_CORES,
+        "host_quiet": n > 0 and flagged / n <= 0.05,
+        "median_ci95_half_width_pct": statistics.median(m["step_ci95_half_width_pct"] for m in ok) if ok else None,
+        "verdict_counts": {w: sum(r["verdict"] == w for r in ratios) for w in sorted({r["verdict"] for r in ratios})},
+    }  # fmt: skip
+    aa = [r for r in ratios if r["effect"] == "aa"]
+    if aa:
+        fields["aa_comparisons"] = len(aa)
+        fields["aa_false_positives"] = sum(r["verdict"] in ("faster", "slower") for r in aa)
+        fields["aa_false_positive_rate"] = fields["aa_false_positives"] / len(aa)
+        fields["aa_ci_excludes_one"] = sum(r["ci95_lo"] > 1 or r["ci95_hi"] < 1 for r in aa)
+        fields["aa_rule_2iqr_real"] = sum(r["rule_2iqr"] == "real" for r in aa)
+    env = {**base_env, "config_hash": config_hash(config), "timestamp_utc": utc_now()}
+    return make_record("summary", "run", run_id=run_id, env=env, config=config, **fields)

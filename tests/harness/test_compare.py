@@ -1,0 +1,82 @@
+"""Comparisons with power (harness/compare.py): CI coverage, the four words, rounds to settle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.compare import (
+    EQUIVALENT,
+    FASTER,
+    INCONCLUSIVE,
+    SLOWER,
+    compare_rounds,
+    median_ci,
+    rounds_to_settle,
+    word_for,
+)
+
+
+def rounds_of(rng, median, rel_sd, rounds=3, k=5, round_sd=0.0):
+    """Samples by round: a per-round (per-process) offset plus within-round noise."""
+    out = []
+    for _ in range(rounds):
+        offset = 1.0 + rng.normal(0, round_sd)
+        out.append(list(median * offset * (1.0 + rng.normal(0, rel_sd, size=k))))
+    return out
+
+
+def test_words_follow_the_rule():
+    assert word_for(1.30, 1.20, 1.40, 0.02) == FASTER
+    assert word_for(0.70, 0.60, 0.80, 0.02) == SLOWER
+    assert word_for(1.005, 0.99, 1.015, 0.02) == EQUIVALENT
+    assert word_for(1.015, 1.005, 1.025, 0.02) == INCONCLUSIVE  # real but below the practical floor
+    assert word_for(1.10, 0.95, 1.25, 0.02) == INCONCLUSIVE
+
+
+def test_a_true_ten_percent_effect_is_seen_through_twenty_percent_sample_noise():
+    """The old rule needs |ratio − 1| > 2 × rel IQR (~27% here): it cannot see 10%."""
+    rng = np.random.default_rng(1)
+    ref = rounds_of(rng, 110.0, 0.05, rounds=3, k=15)
+    var = rounds_of(rng, 100.0, 0.05, rounds=3, k=15)
+    cmp = compare_rounds(ref, var)
+    assert cmp.word == FASTER and cmp.ci_lo > 1.02 and cmp.ratio == pytest.approx(1.1, abs=0.04)
+
+
+def test_identical_configurations_are_rarely_called_different():
+    """A/A on synthetic data with a process-level offset: the false-positive rate stays low."""
+    rng = np.random.default_rng(7)
+    calls = []
+    for i in range(200):
+        a = rounds_of(rng, 100.0, 0.08, rounds=3, k=5, round_sd=0.01)
+        b = rounds_of(rng, 100.0, 0.08, rounds=3, k=5, round_sd=0.01)
+        calls.append(compare_rounds(a, b, seed=i, n_boot=1000).word in (FASTER, SLOWER))
+    assert sum(calls) / len(calls) <= 0.05
+
+
+def test_ci_brackets_and_shrinks_with_more_rounds():
+    rng = np.random.default_rng(3)
+    few = rounds_of(rng, 50.0, 0.1, rounds=2, k=5)
+    many = rounds_of(rng, 50.0, 0.1, rounds=32, k=5)
+    lo, hi = median_ci(few)
+    assert lo <= np.median(np.concatenate(few)) <= hi
+    lo2, hi2 = median_ci(many)
+    assert hi2 - lo2 < hi - lo
+
+
+def test_paired_rounds_cancel_common_drift():
+    """Both configurations slow down together in round 2 (host drift): the paired CI stays tight."""
+    base = [[100.0, 101.0, 99.0], [150.0, 151.0, 149.0], [100.0, 100.5, 99.5]]
+    faster = [[t / 1.2 for t in r] for r in base]
+    cmp = compare_rounds(base, faster)
+    assert cmp.word == FASTER and cmp.ci_lo > 1.15
+
+
+def test_rounds_to_settle_and_bad_input():
+    more = rounds_to_settle(1.10, 0.95, 1.27, 0.02, rounds=3)
+    assert more is not None and more >= 3
+    assert rounds_to_settle(1.0199, 0.9, 1.15, 0.02, rounds=3) >= 50  # at the floor: hardly decidable
+    with pytest.raises(ValueError, match="paired"):
+        compare_rounds([[1.0]], [[1.0], [2.0]])
+    with pytest.raises(ValueError, match="at least one sample"):
+        median_ci([[1.0], []])
