@@ -15,7 +15,8 @@ import pytest
 
 from g4bench.engine.scheduler import Scheduler
 from g4bench.server.app import create_app
-from g4bench.server.tokenizer import ByteTokenizer
+from g4bench.server.settings import ServerSettings
+from g4bench.server.synthetic_tokenizer import SyntheticTokenizer
 from tests.server.fake_engine import FakeEngine
 
 DEADLINE_S = 15.0
@@ -31,10 +32,10 @@ def wait_until(pred, timeout: float = DEADLINE_S, what: str = "condition") -> No
 
 @pytest.fixture
 def fake_app():
-    """make(api_key=None, warm=True, **engine_kw) -> (app, engine, scheduler)."""
+    """make(warm=True, max_waiting=64, settings=None, **engine_kw) -> (app, engine, scheduler)."""
     scheds = []
 
-    def make(api_key=None, warm=True, max_waiting=64, **engine_kw):
+    def make(warm=True, max_waiting=64, settings: ServerSettings | None = None, **engine_kw):
         engine = FakeEngine(**engine_kw)
         if not warm:
             engine.warmup_gate = threading.Event()
@@ -42,12 +43,15 @@ def fake_app():
         scheds.append((sched, engine))
         if warm:
             assert sched.wait_ready(DEADLINE_S)
-        return create_app(sched, ByteTokenizer(engine.cfg.vocab_size), "fake", api_key=api_key), engine, sched
+        app = create_app(sched, SyntheticTokenizer(engine.cfg.vocab_size), "fake", settings)
+        return app, engine, sched
 
     yield make
     for sched, engine in scheds:
         if engine.warmup_gate is not None:
             engine.warmup_gate.set()
+        if engine.decode_gate is not None:
+            engine.decode_gate.set()
         sched.stop()
 
 
