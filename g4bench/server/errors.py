@@ -46,15 +46,25 @@ class APIError(Exception):
 
 
 def validation_error(errors: list) -> APIError:
-    """A 400 naming the first invalid field and pydantic's description of what is wrong with it
+    """A 400 naming the invalid field and pydantic's description of what is wrong with it
     (pydantic's messages state the expectation, e.g. "Input should be less than or equal to 2";
-    the offending input itself is left out)."""
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    the offending input itself is left out). Of several errors the most specific (deepest) one is
+    reported: for a union field pydantic reports each alternative, and the deepest is the one that
+    got furthest (a content part without `text`, rather than "content should be a string")."""
+    if not errors:
+        return APIError(400, "invalid request")
+    first = max(errors, key=lambda e: len(_field_path(e.get("loc", ()))))
     if first.get("type") == "json_invalid":
         return APIError(400, f"malformed JSON body: {first.get('ctx', {}).get('error', first['msg'])}")
-    name = ".".join(loc) or None
+    name = ".".join(_field_path(first.get("loc", ()))) or None
     return APIError(400, f"{name or 'body'}: {first['msg']}", param=name)
+
+
+def _field_path(loc) -> list[str]:
+    """The request-field part of a pydantic location: no "body" prefix, no union-branch tags
+    such as "str", "list[str]" or "function-after[...]"."""
+    tags = {"str", "int", "float", "bool", "list", "dict", "none"}
+    return [str(x) for x in loc if x != "body" and not (isinstance(x, str) and ("[" in x or x in tags))]
 
 
 def from_pydantic(exc: ValidationError) -> APIError:
