@@ -42,6 +42,8 @@ from g4bench.server.streaming import AsyncSink, TextAssembler
 from g4bench.server.tokenizer import Tokenizer
 from g4bench.server.watchdog import EngineWatchdog
 
+ENGINE_FAILED = "the engine failed; the server must be restarted"
+
 
 def create_app(
     scheduler_or_engine: Any, tokenizer: Tokenizer, model_name: str, settings: ServerSettings | None = None
@@ -60,7 +62,7 @@ def create_app(
         service.watchdog.start()
         yield
         await service.watchdog.stop()
-        service.abort_all(503, "the server is shutting down")
+        service.abort_all(503, "the server is shutting down", "shutting_down")
         service.executor.shutdown(wait=False, cancel_futures=True)
         if owned:
             await asyncio.to_thread(scheduler.stop)
@@ -134,22 +136,25 @@ class _Service:
         self.watchdog = EngineWatchdog(
             scheduler,
             settings.engine_stall_s,
-            on_trip=lambda reason: self.abort_all(503, "the engine failed; the server must be restarted"),
+            on_trip=lambda reason: self.abort_all(503, ENGINE_FAILED, "engine_failed"),
             on_exit=settings.on_engine_failure,
         )
 
-    def abort_all(self, status: int, message: str) -> None:
+    def abort_all(self, status: int, message: str, code: str) -> None:
         """Answer every request still waiting on the engine (event loop only)."""
         for sink in list(self.inflight.values()):
-            sink.queue.put_nowait(("abort", status, message))
+            sink.queue.put_nowait(("abort", status, message, code))
 
     def _unavailable(self) -> APIError | None:
         s = self.settings
         if self.watchdog.failure is not None or not self.scheduler.alive:
             return APIError(
-                503, "the engine failed; the server must be restarted", "server_error",
-                code="engine_failed", retry_after_s=s.unavailable_retry_after_s,
-            )  # fmt: skip
+                503,
+                ENGINE_FAILED,
+                "server_error",
+                code="engine_failed",
+                retry_after_s=s.unavailable_retry_after_s,
+            )
         if not self.scheduler.ready:
             return APIError(
                 503, "the model is still warming up", "server_error",
@@ -209,7 +214,7 @@ class _Request:
         self.service.scheduler.cancel(self.rid)
 
     async def next_event(self) -> tuple:
-        """The next engine event, or ("abort", status, message) when a deadline passes."""
+        """The next engine event, or ("abort", status, message, code) when a deadline passes."""
         s = self.service.settings
         while True:
             now = self.loop.time()
@@ -218,9 +223,15 @@ class _Request:
                 event = await asyncio.wait_for(self.sink.queue.get(), max(0.0, until - now))
             except TimeoutError:
                 if self.loop.time() >= self.deadline:
-                    return ("abort", 504, f"the request did not finish within {s.request_timeout_s:g} s")
+                    message = f"the request did not finish within {s.request_timeout_s:g} s"
+                    return ("abort", 504, message, "request_timeout")
                 if self.service.scheduler.is_waiting(self.rid):
-                    return ("abort", 504, f"no slot became free within {s.queue_timeout_s:g} s")
+                    return (
+                        "abort",
+                        504,
+                        f"no slot became free within {s.queue_timeout_s:g} s",
+                        "queue_timeout",
+                    )
                 self.queue_deadline = self.deadline  # admitted (prefilling): only the total deadline now
                 continue
             self.started = True
@@ -237,15 +248,15 @@ class _Request:
     def _error(self, event: tuple) -> APIError:
         """The HTTP error for an ("abort", ...) or a failed ("done", ...) event."""
         if event[0] == "abort":
-            _, status, message = event
+            _, status, message, code = event
             type_ = "timeout" if status == 504 else "server_error"
             retry = self.service.settings.unavailable_retry_after_s if status == 503 else None
-            return APIError(status, message, type_, retry_after_s=retry)
+            return APIError(status, message, type_, code=code, retry_after_s=retry)
         result: RequestResult = event[1]
         if result.finish_reason == "cancelled":
             return APIError(499, "request cancelled (client disconnected)", code="cancelled")
         if self.service.watchdog.failure is not None or not self.service.scheduler.alive:
-            return self._error(("abort", 503, "the engine failed; the server must be restarted"))
+            return self._error(("abort", 503, ENGINE_FAILED, "engine_failed"))
         return APIError(500, "generation failed (internal error, logged on the server)", "server_error")
 
     @staticmethod
