@@ -35,6 +35,7 @@ from g4bench.engine.scheduler import QueueFull, RequestResult, Scheduler, Schedu
 from g4bench.server import protocol as p
 from g4bench.server.errors import APIError, install_error_handlers
 from g4bench.server.metrics import ServerMetrics
+from g4bench.server.replies import Reply, from_chunks
 from g4bench.server.requests import Prepared, Preparer, read_body
 from g4bench.server.security import ApiKeyAuth, HostAllowList
 from g4bench.server.settings import ServerSettings
@@ -95,24 +96,39 @@ def create_app(
             data=[p.ModelCard(id=model_name, created=service.created, max_model_len=scheduler.max_len)]
         )
 
-    @app.post("/v1/chat/completions", openapi_extra=_body_schema(p.ChatCompletionRequest))
+    @app.post("/v1/chat/completions", openapi_extra=_body_ref(p.ChatCompletionRequest))
     async def chat(request: Request):
         return await service.handle("chat", request)
 
-    @app.post("/v1/completions", openapi_extra=_body_schema(p.CompletionRequest))
+    @app.post("/v1/completions", openapi_extra=_body_ref(p.CompletionRequest))
     async def completions(request: Request):
         return await service.handle("completions", request)
 
+    _document_request_schemas(app, (p.ChatCompletionRequest, p.CompletionRequest))
     return app
 
 
-def _body_schema(model: type) -> dict:
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": model.model_json_schema()}},
-        }
-    }
+def _body_ref(model: type) -> dict:
+    """The endpoints read their body themselves (requests.py), so FastAPI does not know its schema:
+    point the OpenAPI request body at the pydantic model, registered by `_document_request_schemas`."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+def _document_request_schemas(app: FastAPI, models: tuple) -> None:
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = build()
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in models:
+                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(body.pop("$defs", {}))
+                components[model.__name__] = body
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 class _Service:
@@ -199,7 +215,7 @@ class _Request:
         self, service: _Service, endpoint: str, prep: Prepared, rid: int, sink: AsyncSink, request: Request
     ):
         self.service, self.endpoint, self.prep, self.rid, self.sink = service, endpoint, prep, rid, sink
-        self.reply = _Reply(endpoint, service.model_name, prep.body, prep.prompt)
+        self.reply = Reply(endpoint, service.model_name, prep.body, prep.prompt)
         loop = asyncio.get_running_loop()
         now = loop.time()
         self.loop, self.queue_deadline = loop, now + service.settings.queue_timeout_s
@@ -328,66 +344,3 @@ class _Request:
             yield "data: [DONE]\n\n"
         finally:
             self.close(status)
-
-
-def from_chunks(chunks: list) -> str:
-    return "".join(f"data: {c.model_dump_json()}\n\n" for c in chunks)
-
-
-class _Reply:
-    """Builds one request's response objects in the endpoint's OpenAI shape."""
-
-    def __init__(self, endpoint: str, model: str, body: p.SamplingFields, prompt: list[int]) -> None:
-        self.endpoint, self.model, self.body, self.prompt = endpoint, model, body, prompt
-        self.chat = endpoint == "chat"
-        self.id = p.new_id("chatcmpl" if self.chat else "cmpl")
-        self.created = p.now_s()
-
-    def _usage(self, r: RequestResult) -> p.Usage:
-        return p.make_usage(r.prompt_tokens, len(r.output_ids), r.cached_tokens)
-
-    def _ids(self, r: RequestResult) -> tuple[list[int] | None, list[int] | None]:
-        return (self.prompt, r.output_ids) if self.body.return_token_ids else (None, None)
-
-    def whole(self, text: str, r: RequestResult) -> dict:
-        prompt_ids, ids = self._ids(r)
-        common = {"id": self.id, "created": self.created, "model": self.model, "usage": self._usage(r)}
-        if self.chat:
-            choice = p.ChatChoice(
-                message=p.AssistantMessage(content=text), finish_reason=r.finish_reason, token_ids=ids
-            )
-            resp: Any = p.ChatCompletionResponse(choices=[choice], prompt_token_ids=prompt_ids, **common)
-        else:
-            choice = p.CompletionChoice(text=text, finish_reason=r.finish_reason, token_ids=ids)
-            resp = p.CompletionResponse(choices=[choice], prompt_token_ids=prompt_ids, **common)
-        return resp.model_dump(mode="json")
-
-    def _chunk(self, choices: list, **extra):
-        cls = p.ChatCompletionChunk if self.chat else p.CompletionResponse
-        return cls(id=self.id, created=self.created, model=self.model, choices=choices, **extra)
-
-    def delta(self, text: str, first: bool, ids: list[int] | None = None) -> list:
-        """Chat: the role chunk before the first content; completions: a text chunk. `ids` (with
-        `return_token_ids`, vLLM's form) are the token ids this chunk adds, possibly none while
-        text is held back; the first chunk also carries the prompt's ids."""
-        prompt_ids = self.prompt if first and self.body.return_token_ids else None
-        if not self.chat:
-            return [self._chunk([p.CompletionChoice(text=text, token_ids=ids)], prompt_token_ids=prompt_ids)]
-        chunks = []
-        if first:
-            role = p.ChatChunkChoice(delta=p.ChatDelta(role="assistant", content=""))
-            chunks.append(self._chunk([role], prompt_token_ids=prompt_ids))
-        if text or ids is not None:
-            chunks.append(self._chunk([p.ChatChunkChoice(delta=p.ChatDelta(content=text), token_ids=ids)]))
-        return chunks
-
-    def finish_chunk(self, r: RequestResult):
-        """The streamed finish chunk: no new text and no ids (every id rode on its own chunk)."""
-        if self.chat:
-            choice: Any = p.ChatChunkChoice(delta=p.ChatDelta(), finish_reason=r.finish_reason)
-        else:
-            choice = p.CompletionChoice(text="", finish_reason=r.finish_reason)
-        return self._chunk([choice])
-
-    def usage_chunk(self, r: RequestResult):
-        return self._chunk([], usage=self._usage(r))

@@ -353,3 +353,16 @@ def test_app_over_a_bare_engine_owns_its_scheduler():
         )
         assert r.json()["choices"][0]["text"] == TOK.decode(reference(TOK.encode("ab"), 3, stop_ids=STOP_IDS))
     assert not sched.alive  # stopped at shutdown
+
+
+def test_openapi_documents_request_bodies(client):
+    """The endpoints parse their own bodies (bounded, off the event loop); the docs still show them."""
+    doc = client.get("/openapi.json").json()
+    for path, model in (
+        ("/v1/chat/completions", "ChatCompletionRequest"),
+        ("/v1/completions", "CompletionRequest"),
+    ):
+        body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": f"#/components/schemas/{model}"}
+        assert "max_tokens" in doc["components"]["schemas"][model]["properties"]
+    assert "TextPart" in doc["components"]["schemas"]  # nested models resolve too
