@@ -1,7 +1,7 @@
 """`g4bench generate`: one generation, with prefill time and decode speed measured apart from compiles.
 
 Data flow: `--model` → `load_model` (a preset/config with synthetic weights in the platform's
-default format, or a checkpoint dir) → prompt ids (`--prompt` text through the byte-level
+default format, or a checkpoint dir) → prompt ids (`--prompt` text through the synthetic
 tokenizer for synthetic models or the checkpoint's tokenizer.json, with BOS; or `--prompt-tokens N`
 deterministic random ids) → an `Engine` with `--batch` slots sized to prompt + output →
 a warm-up run of the same generation compiles exactly the programs the timed run uses (reported

@@ -195,6 +195,9 @@ class _Service:
         )
         try:
             rid = self.scheduler.submit(prep.prompt, prep.params, sink)
+        except ValueError as exc:  # the scheduler's own checks (Preparer checks the same first)
+            self.metrics.count_request(endpoint, "invalid")
+            raise APIError(400, str(exc)) from exc
         except (QueueFull, SchedulerDead) as exc:
             self.metrics.count_request(endpoint, "rejected")
             if isinstance(exc, QueueFull):

@@ -1,7 +1,7 @@
 """Fixtures for server tests: apps over the fake engine, and a real uvicorn server on a free port.
 
-`live_server(app)` runs uvicorn in a background thread on 127.0.0.1 port 0 (the socket is bound
-first, so the port is known), waits for `server.started` with a deadline (no fixed sleeps), and
+`live_server(app)` runs uvicorn (through `transport.make_server`, as `serve` does) in a background
+thread on 127.0.0.1 port 0 (the socket is bound first, so the port is known), waits for `server.started` with a deadline (no fixed sleeps), and
 shuts it down after the test.
 """
 
@@ -58,7 +58,7 @@ def fake_app():
 @pytest.fixture
 def live_server():
     """serve(app) -> base URL "http://127.0.0.1:PORT"; stopped at teardown."""
-    import uvicorn
+    from g4bench.server.transport import make_server
 
     running = []
 
@@ -66,7 +66,7 @@ def live_server():
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        server = make_server(app, log_level="warning")  # `serve`'s transport: limits and timeouts
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
         thread.start()
         running.append((server, thread, sock))

@@ -448,3 +448,31 @@ def test_chunked_body_over_the_limit_is_cut(server):
     with httpx.Client(base_url=base, timeout=DEADLINE_S) as http:
         r = http.post(COMP, content=chunks(), headers={"content-type": "application/json"})
     assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("what", "request_bytes"),
+    [
+        (
+            "1 MB header",
+            b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 1_000_000 + b"\r\n\r\n",
+        ),
+        ("garbage request line", b"\x00\xff NOT HTTP\r\n\r\n"),
+        (
+            "bad Content-Length",
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -5\r\n\r\n",
+        ),
+        (
+            "two Content-Lengths",
+            b"POST /v1/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+        ),
+    ],
+)
+def test_malformed_http_is_a_4xx_and_harmless(server, what, request_bytes):
+    base, _, sched = server
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=DEADLINE_S) as s:
+        s.sendall(request_bytes)
+        head = s.recv(4096).decode("latin-1")
+    assert head.startswith("HTTP/1.1 4"), (what, head[:80])
+    assert httpx.post(base + COMP, json=comp(), timeout=DEADLINE_S).status_code == 200

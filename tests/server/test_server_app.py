@@ -1,6 +1,6 @@
 """The HTTP layer over the fake engine, in process (FastAPI TestClient).
 
-Expected outputs are computed by hand from the fake's rule (`reference`) and the byte tokenizer,
+Expected outputs are computed by hand from the fake's rule (`reference`) and the synthetic tokenizer,
 so every test checks exact text, token ids and usage, not just status codes.
 """
 
