@@ -119,14 +119,15 @@ def _document_request_schemas(app: FastAPI, models: tuple) -> None:
     build = app.openapi
 
     def openapi() -> dict:
-        if app.openapi_schema is None:
-            schema = build()
-            components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in models:
-                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
-                components.update(body.pop("$defs", {}))
-                components[model.__name__] = body
-        return app.openapi_schema
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()  # caches itself in app.openapi_schema; completed in place below
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in models:
+            body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(body.pop("$defs", {}))
+            components[model.__name__] = body
+        return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
 

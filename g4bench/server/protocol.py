@@ -110,7 +110,7 @@ class SamplingFields(_Lenient):
     # -1 or 0: off (vLLM spells off as -1); a value past the vocabulary means the same as off.
     top_k: Annotated[StrictInt, Field(ge=-1, le=INT32_MAX)] | None = None
     seed: Annotated[StrictInt, Field(ge=INT64[0], le=INT64[1])] | None = None
-    stop: str | list[str] | None = None
+    stop: list[str] | None = None  # a single string is accepted as a list of one
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: Annotated[StrictInt, Field(ge=1, le=1)] = 1  # only one choice per request
@@ -118,17 +118,24 @@ class SamplingFields(_Lenient):
     min_tokens: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] = 0
     return_token_ids: StrictBool = False
 
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_stop(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
     @field_validator("stop")
     @classmethod
-    def _stops(cls, v: str | list[str] | None) -> list[str] | None:
-        if v is None:
-            return None
-        stops = [v] if isinstance(v, str) else v
-        if len(stops) > 4 or any(not 0 < len(s) <= MAX_STOP_CHARS for s in stops):
+    def _stops(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and (len(v) > 4 or any(not 0 < len(s) <= MAX_STOP_CHARS for s in v)):
             raise ValueError(
                 f"stop must be at most 4 non-empty strings of at most {MAX_STOP_CHARS} characters"
             )
-        return stops
+        return v
+
+    @property
+    def output_limit(self) -> int | None:
+        """The most tokens to generate (None: up to the context length)."""
+        return self.max_tokens
 
     @property
     def include_usage(self) -> bool:
@@ -167,10 +174,6 @@ class CompletionRequest(SamplingFields):
         if self.max_tokens is None:
             self.max_tokens = 16  # OpenAI's completions default
         return self
-
-    @property
-    def output_limit(self) -> int | None:
-        return self.max_tokens
 
 
 # ---- responses (serialized with model_dump_json(); optional extras vanish when None) ----------------------------------------------------------------------------------

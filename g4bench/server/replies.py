@@ -33,7 +33,7 @@ class Reply:
 
     def whole(self, text: str, r: RequestResult) -> dict:
         prompt_ids, ids = self._ids(r)
-        common = {"id": self.id, "created": self.created, "model": self.model, "usage": self._usage(r)}
+        common: dict[str, Any] = {"id": self.id, "created": self.created, "model": self.model, "usage": self._usage(r)}
         if self.chat:
             choice = p.ChatChoice(
                 message=p.AssistantMessage(content=text), finish_reason=r.finish_reason, token_ids=ids
@@ -45,7 +45,7 @@ class Reply:
         return resp.model_dump(mode="json")
 
     def _chunk(self, choices: list, **extra):
-        cls = p.ChatCompletionChunk if self.chat else p.CompletionResponse
+        cls: Any = p.ChatCompletionChunk if self.chat else p.CompletionResponse
         return cls(id=self.id, created=self.created, model=self.model, choices=choices, **extra)
 
     def delta(self, text: str, first: bool, ids: list[int] | None = None) -> list:

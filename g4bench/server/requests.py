@@ -26,7 +26,7 @@ import asyncio
 import json
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect, Request
@@ -135,7 +135,9 @@ class Preparer:
                 raise APIError(400, str(exc), param="messages") from exc
             stops = (body.stop or []) + self.formatter.stop_strings
         else:
-            prompt = self.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
+            # the validator unwrapped a one-element list: text or ids remain
+            ids = cast(list[int], body.prompt)
+            prompt = self.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(ids)
             stops = body.stop or []
         return Prepared(body, prompt, self.params(param, body, prompt), stops)
 
