@@ -33,15 +33,20 @@ class Reply:
 
     def whole(self, text: str, r: RequestResult) -> dict:
         prompt_ids, ids = self._ids(r)
-        common: dict[str, Any] = {"id": self.id, "created": self.created, "model": self.model, "usage": self._usage(r)}
+        common: dict[str, Any] = {
+            "id": self.id,
+            "created": self.created,
+            "model": self.model,
+            "usage": self._usage(r),
+        }
         if self.chat:
             choice = p.ChatChoice(
                 message=p.AssistantMessage(content=text), finish_reason=r.finish_reason, token_ids=ids
             )
             resp: Any = p.ChatCompletionResponse(choices=[choice], prompt_token_ids=prompt_ids, **common)
         else:
-            choice = p.CompletionChoice(text=text, finish_reason=r.finish_reason, token_ids=ids)
-            resp = p.CompletionResponse(choices=[choice], prompt_token_ids=prompt_ids, **common)
+            done = p.CompletionChoice(text=text, finish_reason=r.finish_reason, token_ids=ids)
+            resp = p.CompletionResponse(choices=[done], prompt_token_ids=prompt_ids, **common)
         return resp.model_dump(mode="json")
 
     def _chunk(self, choices: list, **extra):
