@@ -113,13 +113,9 @@ def serve(
         raise typer.BadParameter(str(err)) from err
     loopback = is_loopback(host)
     hosts = frozenset(allowed_host or ())
-    failed: list[str] = []
+    from g4bench.server.transport import StopOnEngineFailure
 
-    def on_engine_failure(reason: str) -> None:
-        failed.append(reason)
-        if exit_on_engine_failure:
-            server.should_exit = True
-
+    stop_on_failure = StopOnEngineFailure() if exit_on_engine_failure else None
     try:
         settings = ServerSettings(
             max_body_bytes=max_body_bytes,
@@ -130,7 +126,7 @@ def serve(
             api_key=key,
             protect_docs=protect_docs,
             allowed_hosts=(LOOPBACK_HOSTS | hosts) if loopback else (hosts or None),
-            on_engine_failure=on_engine_failure,
+            on_engine_failure=stop_on_failure,
         )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from err
@@ -165,6 +161,8 @@ def serve(
         graceful_shutdown_s=shutdown_timeout,
         max_connections=max_connections,
     )
+    if stop_on_failure is not None:
+        stop_on_failure.server = server
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -191,6 +189,6 @@ def serve(
     finally:
         scheduler.stop(timeout=shutdown_timeout)
         sock.close()
-    if failed and exit_on_engine_failure:
-        console.print(f"[red]exiting: {failed[0]}[/]")
+    if stop_on_failure is not None and stop_on_failure.reason is not None:
+        console.print(f"[red]exiting: {stop_on_failure.reason}[/]")
         raise typer.Exit(code=3)

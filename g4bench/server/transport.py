@@ -8,6 +8,9 @@ can no longer be accepted. `GuardedH11Protocol` closes a connection that has no 
 is cut too, since the timer is not reset by data). A request whose head arrived is bounded by the
 app instead (body deadline, queue and request deadlines).
 
+`StopOnEngineFailure` is the `ServerSettings.on_engine_failure` callback that stops uvicorn once
+the engine watchdog trips, so the process can exit non-zero and a supervisor restart it.
+
 `make_server` also sets uvicorn's `limit_concurrency` (503 past that many connections),
 `timeout_keep_alive` and `timeout_graceful_shutdown` (after SIGTERM, connections still busy after
 this many seconds are cancelled, so a client holding a half-sent body cannot keep the process alive),
@@ -53,6 +56,19 @@ class GuardedH11Protocol(H11Protocol):
         idle = self.cycle is None or self.cycle.response_complete
         if idle and not self.transport.is_closing():
             self.transport.close()
+
+
+class StopOnEngineFailure:
+    """Records why the engine failed and asks `server` (set once it exists) to shut down."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.server: uvicorn.Server | None = None
+
+    def __call__(self, reason: str) -> None:
+        self.reason = reason
+        if self.server is not None:
+            self.server.should_exit = True
 
 
 def make_server(

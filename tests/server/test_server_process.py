@@ -103,6 +103,18 @@ def test_sigterm_with_a_half_sent_body_exits(spawn):
     print(f"SIGTERM with a held half-sent body: exited {rc} after {took:.2f} s")
 
 
+def test_engine_stall_answers_503_and_exits_3(spawn):
+    """What `serve` does on a stalled engine (default --exit-on-engine-failure): the waiting client
+    gets 503, then the process exits with status 3 so a supervisor restarts it."""
+    proc, base = spawn("--stall", "--engine-stall", "0.5", "--shutdown-timeout", "1")
+    t0 = time.monotonic()
+    r = completion(base)
+    answered = time.monotonic() - t0
+    assert r.status_code == 503 and r.json()["error"]["code"] == "engine_failed" and answered < 2.0
+    assert proc.wait(10) == 3
+    print(f"stalled engine: 503 after {answered:.2f} s, process exited 3 after {time.monotonic() - t0:.2f} s")
+
+
 def max_gap_ms(base: str, during=None) -> float:
     """Largest gap between chunks of one 200-token stream, optionally while `during()` runs
     (started once the stream is flowing)."""
