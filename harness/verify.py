@@ -14,6 +14,14 @@ row P+k-1. Greedy agreement counts the generated tokens whose argmax matches the
 argmax at the same position; a disagreement at a near-tie (top-2 reference gap below the
 tolerance) is reported as such rather than as an error.
 
+The tolerance scales with the checkpoint. A fixed 1e-4 fits the checkpoints we designed, but on
+one with large activations (strong norm weights, say) float32 arithmetic itself is off by more: a
+held-out tiny checkpoint gave transformers' own float32 run a max |Δlogit| of 1.5e-3 against its
+float64 run. So with a float64 reference, transformers also runs the same sequence in float32, and
+its max |Δlogit| against float64 over the same positions is the *float32 floor*: the error any
+correct float32 implementation can be expected to show there. Ours is judged against
+max(tolerance, 2 × floor), and both figures are reported.
+
 Our side always computes in f32 with an f32 KV cache (the platform's bf16 compute would be its own,
 much larger, error), and a W4A16 checkpoint is dequantized at load to exactly the bf16 values
 compressed-tensors produces, which is also what the reference runs with.
@@ -45,8 +53,16 @@ class VerifyReport:
     ours: list[int]  # g0..gN: g0 from the prefill, g_k from decode step k
     ref_argmax: list[int]  # the reference's argmax at the positions g0..gN were chosen from
     ref_gap: list[float]  # the reference's top-2 logit gap at those positions
-    tolerance: float
+    tolerance: float  # the fixed floor of the tolerance (1e-4 by default)
     notes: list[str] = field(default_factory=list)
+    # transformers' float32 max |Δlogit| against its float64 run over the same positions (None
+    # when not measured: a float32 reference, or the floor switched off)
+    f32_floor: float | None = None
+
+    @property
+    def effective_tolerance(self) -> float:
+        """max(tolerance, 2 × the float32 floor): what the max error is judged against."""
+        return self.tolerance if self.f32_floor is None else max(self.tolerance, 2.0 * self.f32_floor)
 
     @property
     def max_err(self) -> float:
@@ -59,15 +75,16 @@ class VerifyReport:
     @property
     def near_tie_disagreements(self) -> int:
         return sum(
-            a != b and gap < self.tolerance
+            a != b and gap < self.effective_tolerance
             for a, b, gap in zip(self.ours, self.ref_argmax, self.ref_gap, strict=True)
         )
 
     @property
     def passed(self) -> bool:
         """Within tolerance everywhere, and every greedy disagreement is a reference near-tie."""
-        return self.max_err <= self.tolerance and self.agreement + self.near_tie_disagreements == len(
-            self.ours
+        return (
+            self.max_err <= self.effective_tolerance
+            and self.agreement + self.near_tie_disagreements == len(self.ours)
         )
 
 
@@ -153,8 +170,11 @@ def verify_checkpoint(
     seed: int = 0,
     sliding_kv: str = "ring",
     chunk_size: int | None = None,
+    f32_floor: bool = True,
 ) -> VerifyReport:
-    """Run both sides on one random prompt; raises ImportError when the parity extra is missing."""
+    """Run both sides on one random prompt; raises ImportError when the parity extra is missing.
+    With `f32_floor` and a float64 reference, transformers also runs in float32 to measure the
+    floor the tolerance scales with (module docstring)."""
     if prompt_len < 1 or decode_steps < 0:
         raise ValueError(f"prompt_len must be >= 1 and decode_steps >= 0, got {prompt_len}, {decode_steps}")
     if reference_dtype not in ("float64", "float32"):
@@ -170,7 +190,11 @@ def verify_checkpoint(
     prefill, decode, ours = ours_logits(
         checkpoint, prompt, decode_steps, sliding_kv=sliding_kv, chunk_size=chunk_size
     )
-    ref = hf_logits(checkpoint, [prompt + ours[:-1]], dtype=reference_dtype)[0]  # [P+N, V]
+    sequence = [prompt + ours[:-1]]
+    ref = hf_logits(checkpoint, sequence, dtype=reference_dtype)[0]  # [P+N, V]
+    floor = None
+    if f32_floor and reference_dtype == "float64":
+        floor = float(np.abs(hf_logits(checkpoint, sequence, dtype="float32")[0] - ref).max())
     P = len(prompt)
     chosen = ref[P - 1 :]  # rows g0..gN were chosen from
     top2 = np.sort(chosen, axis=-1)[:, -2:]
@@ -184,6 +208,7 @@ def verify_checkpoint(
         ref_argmax=np.argmax(chosen, axis=-1).tolist(),
         ref_gap=(top2[:, 1] - top2[:, 0]).tolist(),
         tolerance=tolerance,
+        f32_floor=floor,
     )
     if prompt_len <= cfg.sliding_window:
         report.notes.append(

@@ -1,7 +1,7 @@
 """`g4bench generate`: one generation, with prefill time and decode speed measured apart from compiles.
 
 Data flow: `--model` → `load_model` (a preset/config with synthetic weights in the platform's
-default format, or a checkpoint dir) → prompt ids (`--prompt` text through the byte-level
+default format, or a checkpoint dir) → prompt ids (`--prompt` text through the synthetic
 tokenizer for synthetic models or the checkpoint's tokenizer.json, with BOS; or `--prompt-tokens N`
 deterministic random ids) → an `Engine` with `--batch` slots sized to prompt + output →
 a warm-up run of the same generation compiles exactly the programs the timed run uses (reported
@@ -63,7 +63,8 @@ def generate(
     from g4bench.engine.sampling import SamplingParams
     from g4bench.model.config import load_config
     from g4bench.model.params import param_bytes
-    from g4bench.server.tokenizer import BYTE_OFFSET, load_tokenizer
+    from g4bench.server.synthetic_tokenizer import ASCII_OFFSET, UNK_ID
+    from g4bench.server.tokenizer import load_tokenizer
 
     try:
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
@@ -84,10 +85,10 @@ def generate(
     if prompt is not None:
         ids_in = tokenizer.encode(prompt, add_bos=True)
     else:
-        # Random ids: printable bytes for the byte tokenizer, any non-special id for a real vocabulary.
-        hi = 256 + BYTE_OFFSET if tok_dir is None else cfg.vocab_size
+        # Random ids: printable ASCII for the synthetic tokenizer, any non-special id for a real vocabulary.
+        hi = UNK_ID if tok_dir is None else cfg.vocab_size
         rng = np.random.default_rng(seed)
-        ids_in = [cfg.bos_token_id, *rng.integers(BYTE_OFFSET + 32, hi, size=prompt_tokens - 1).tolist()]
+        ids_in = [cfg.bos_token_id, *rng.integers(ASCII_OFFSET + 32, hi, size=prompt_tokens - 1).tolist()]
 
     ecfg = EngineConfig(
         max_slots=batch,

@@ -1,16 +1,24 @@
 """`g4bench serve`: an OpenAI-compatible HTTP server over one engine (continuous batching, prefix reuse).
 
 Loads the model (`load_engine`), builds the tokenizer (the checkpoint's tokenizer.json, or the
-byte-level tokenizer for synthetic models), starts the scheduler's engine thread — which compiles
+synthetic tokenizer for synthetic models), starts the scheduler's engine thread — which compiles
 every bucket first, so /health answers 503 until that warm-up is done — binds the socket, says on
-stderr what it serves where, and runs uvicorn until interrupted.
+stderr what it serves where, and runs uvicorn (transport.make_server: connection limits and
+timeouts) until SIGINT/SIGTERM. Limits, deadlines and security settings are `ServerSettings`
+(see g4bench/server/settings.py for the defaults and why). With `--exit-on-engine-failure` (the
+default) a dead or stalled engine stops the server with exit status 3.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from g4bench.server.settings import API_KEY_ENV, ServerSettings
+
+DEFAULTS = ServerSettings()
 
 
 def serve(
@@ -26,8 +34,54 @@ def serve(
     sliding_kv: Annotated[str, typer.Option(help="Sliding-layer KV: ring (window-sized) | full")] = "ring",
     host: Annotated[str, typer.Option(help="Address to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind (0: any free port)")] = 8000,
-    api_key: Annotated[str | None, typer.Option(help="Require `Authorization: Bearer KEY` on /v1/*")] = None,
-    max_waiting: Annotated[int, typer.Option(help="Requests that may wait for a slot before 429")] = 64,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            help="Require `Authorization: Bearer KEY` on /v1/* (visible in `ps`: prefer "
+            f"--api-key-file or ${API_KEY_ENV})"
+        ),
+    ] = None,
+    api_key_file: Annotated[
+        Path | None, typer.Option(help=f"File holding the API key (else ${API_KEY_ENV}, else --api-key)")
+    ] = None,
+    protect_docs: Annotated[
+        bool, typer.Option(help="Also require the key on /metrics, /docs, /redoc and /openapi.json")
+    ] = False,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Host header names to accept besides the loopback names (repeatable; "
+            "loopback binds accept only localhost/127.0.0.1/::1 by default, other binds any host)"
+        ),
+    ] = None,
+    max_waiting: Annotated[
+        int, typer.Option(help="Requests that may wait beyond the idle slots before 429")
+    ] = 64,
+    max_body_bytes: Annotated[
+        int, typer.Option(help="Largest request body (413 beyond)")
+    ] = DEFAULTS.max_body_bytes,
+    body_timeout: Annotated[
+        float, typer.Option(help="Seconds for a request body to arrive (408 beyond)")
+    ] = DEFAULTS.body_timeout_s,
+    queue_timeout: Annotated[
+        float, typer.Option(help="Seconds a request may wait for a slot (504 beyond)")
+    ] = DEFAULTS.queue_timeout_s,
+    request_timeout: Annotated[
+        float, typer.Option(help="Seconds a request may take in all (504 beyond)")
+    ] = DEFAULTS.request_timeout_s,
+    engine_stall_timeout: Annotated[
+        float, typer.Option(help="Seconds without engine progress before the watchdog fails the server")
+    ] = DEFAULTS.engine_stall_s,
+    exit_on_engine_failure: Annotated[
+        bool, typer.Option(help="Exit with status 3 when the engine dies or stalls (for a supervisor)")
+    ] = True,
+    max_connections: Annotated[int, typer.Option(help="Open connections before new requests get 503")] = 1000,
+    idle_timeout: Annotated[
+        float, typer.Option(help="Seconds a connection may stay open without a request in progress")
+    ] = 10.0,
+    shutdown_timeout: Annotated[
+        float, typer.Option(help="Seconds to let busy connections finish after SIGTERM")
+    ] = 5.0,
     served_model_name: Annotated[
         str | None, typer.Option(help="Model id clients send (default: --model)")
     ] = None,
@@ -37,22 +91,60 @@ def serve(
         raise typer.BadParameter(f"--kv-dtype must be bf16 or int8, got {kv_dtype!r}")
     if sliding_kv not in ("ring", "full"):
         raise typer.BadParameter(f"--sliding-kv must be ring or full, got {sliding_kv!r}")
+    for name, value in {
+        "--max-waiting": max_waiting + 1, "--max-connections": max_connections, "--idle-timeout": idle_timeout,
+        "--shutdown-timeout": shutdown_timeout,
+    }.items():  # fmt: skip
+        if value <= 0:
+            raise typer.BadParameter(f"{name} must be {'>= 0' if name == '--max-waiting' else '> 0'}")
 
     import logging
     import socket
     import threading
 
-    import uvicorn
     from rich.console import Console
+
+    from g4bench.server.security import is_loopback, resolve_api_key
+    from g4bench.server.settings import LOOPBACK_HOSTS, ServerSettings
+
+    try:
+        key = resolve_api_key(api_key, api_key_file)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from err
+    loopback = is_loopback(host)
+    hosts = frozenset(allowed_host or ())
+    from g4bench.server.transport import StopOnEngineFailure
+
+    stop_on_failure = StopOnEngineFailure() if exit_on_engine_failure else None
+    try:
+        settings = ServerSettings(
+            max_body_bytes=max_body_bytes,
+            body_timeout_s=body_timeout,
+            queue_timeout_s=queue_timeout,
+            request_timeout_s=request_timeout,
+            engine_stall_s=engine_stall_timeout,
+            api_key=key,
+            protect_docs=protect_docs,
+            allowed_hosts=(LOOPBACK_HOSTS | hosts) if loopback else (hosts or None),
+            on_engine_failure=stop_on_failure,
+        )
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from err
 
     from g4bench.engine.engine import EngineConfig
     from g4bench.engine.loading import load_engine
     from g4bench.engine.scheduler import Scheduler
     from g4bench.server.app import create_app
     from g4bench.server.tokenizer import load_tokenizer
+    from g4bench.server.transport import make_server, raise_fd_limit
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     console = Console(stderr=True)
+    if not loopback and key is None:
+        console.print(
+            f"[bold red]warning[/]: binding {host} (reachable from other machines) without an API key; "
+            f"set ${API_KEY_ENV} or --api-key-file"
+        )
     ecfg = EngineConfig(
         max_slots=max_slots, max_len=max_len, kv_dtype=kv_dtype, sliding_kv=sliding_kv, chunk_size=chunk_size
     )
@@ -61,7 +153,16 @@ def serve(
     tokenizer = load_tokenizer(tokenizer_dir, engine.cfg.vocab_size)
     name = served_model_name or model
     scheduler = Scheduler(engine, max_waiting=max_waiting)
-    app = create_app(scheduler, tokenizer, name, api_key=api_key)
+    app = create_app(scheduler, tokenizer, name, settings)
+    fds = raise_fd_limit()
+    server = make_server(
+        app,
+        head_timeout_s=idle_timeout,
+        graceful_shutdown_s=shutdown_timeout,
+        max_connections=max_connections,
+    )
+    if stop_on_failure is not None:
+        stop_on_failure.server = server
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -70,9 +171,9 @@ def serve(
     bound_host, bound_port = sock.getsockname()[:2]
     console.print(
         f"serving [bold]{name}[/] on http://{bound_host}:{bound_port}/v1 "
-        f"(tokenizer: {tokenizer_dir or 'byte-level'}, {max_slots} slots x {max_len} positions, "
-        f"KV {kv_dtype}/{sliding_kv}, chunk {chunk_size}{', API key required' if api_key else ''}); "
-        "/health is 503 until warm-up is done"
+        f"(tokenizer: {tokenizer_dir or 'synthetic'}, {max_slots} slots x {max_len} positions, "
+        f"KV {kv_dtype}/{sliding_kv}, chunk {chunk_size}, {max_connections} connections, "
+        f"{fds} open files{', API key required' if key else ''}); /health is 503 until warm-up is done"
     )
 
     def announce_ready() -> None:
@@ -84,7 +185,10 @@ def serve(
     scheduler.start()
     threading.Thread(target=announce_ready, daemon=True).start()
     try:
-        uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
-        scheduler.stop()
+        scheduler.stop(timeout=shutdown_timeout)
         sock.close()
+    if stop_on_failure is not None and stop_on_failure.reason is not None:
+        console.print(f"[red]exiting: {stop_on_failure.reason}[/]")
+        raise typer.Exit(code=3)

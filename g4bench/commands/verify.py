@@ -3,7 +3,9 @@
 `--checkpoint DIR` verifies a checkpoint (BF16, f32 or compressed-tensors W4A16); `--config FILE`
 (or a preset name) writes synthetic random weights to a temporary checkpoint first. The work is
 `harness.verify`; this command prints its report (rich, stderr): max |Δlogit| over the prompt
-positions (summarized) and at every decode step, and greedy agreement.
+positions (summarized) and at every decode step, transformers' own float32 error on the same
+positions (the floor), the tolerance that follows (max(--tolerance, 2 × floor)), and greedy
+agreement.
 
 Exit codes: 0 within tolerance, 1 beyond it, 2 on bad input or a missing `parity` extra.
 """
@@ -26,7 +28,14 @@ def verify(
     ] = None,
     prompt_len: Annotated[int, typer.Option(help="Prompt tokens (BOS + random ids)")] = 40,
     decode_steps: Annotated[int, typer.Option(help="Greedy decode steps after the prefill")] = 8,
-    tolerance: Annotated[float, typer.Option(help="Largest acceptable max |Δlogit|")] = 1e-4,
+    tolerance: Annotated[
+        float,
+        typer.Option(help="Largest acceptable max |Δlogit|, raised to 2 × transformers' own float32 error"),
+    ] = 1e-4,
+    f32_floor: Annotated[
+        bool,
+        typer.Option(help="Measure transformers' float32 error (float64 reference) to scale the tolerance"),
+    ] = True,
     reference_dtype: Annotated[
         str, typer.Option(help="transformers' dtype: float64 (error-free reference) | float32")
     ] = "float64",
@@ -61,6 +70,7 @@ def verify(
         seed=seed,
         sliding_kv=sliding_kv,
         chunk_size=chunk_size,
+        f32_floor=f32_floor,
     )
     try:
         report = (
@@ -85,7 +95,7 @@ def verify(
 def _print_report(console, report) -> None:
     from rich.table import Table
 
-    tol = report.tolerance
+    tol = report.effective_tolerance
 
     def mark(err: float) -> str:
         return f"{err:.2e}" if err <= tol else f"[red]{err:.2e}[/]"
@@ -110,8 +120,15 @@ def _print_report(console, report) -> None:
         console.print(f"[yellow]note:[/] {note}")
     n = len(report.ours)
     verdict = "[green]PASS[/]" if report.passed else "[red]FAIL[/]"
+    if report.f32_floor is None:
+        rule = f"tolerance {tol:.2e}"
+    else:
+        rule = (
+            f"transformers float32 vs float64 on the same positions {report.f32_floor:.2e}; "
+            f"tolerance max({report.tolerance:g}, 2 × {report.f32_floor:.2e}) = {tol:.2e}"
+        )
     console.print(
-        f"{verdict}: max |Δlogit| {report.max_err:.2e} (tolerance {tol:g}); greedy agreement "
+        f"{verdict}: max |Δlogit| {report.max_err:.2e} ({rule}); greedy agreement "
         f"{report.agreement}/{n}"
         + (f" ({report.near_tie_disagreements} at near-ties)" if report.near_tie_disagreements else "")
     )

@@ -27,9 +27,18 @@ The token that ends a request is never fed back, so a slot's recorded tokens are
 whose K/V the engine wrote, and a finished conversation stays resident for the next turn.
 
 Failures: an exception from `prefill`/`copy_slot` or a sink fails that request; one from `decode`
-fails the requests in that step (their slots are wiped); the loop keeps running. Anything else is a
-scheduler bug: the loop dies, logs it loudly, fails every request, and `alive` turns False (the
-server's /health then answers 503).
+fails the requests in that step (their slots are wiped); the loop keeps running. Anything else
+(including a BaseException such as SystemExit raised inside the engine) is a scheduler bug: the
+loop dies, logs it loudly, fails every request, and `alive` turns False (the server's /health then
+answers 503).
+
+Liveness: the engine thread sets `heartbeat` (time.monotonic()) at every loop turn and at least
+every `HEARTBEAT_S` while idle, so a watcher can tell a stalled engine (a device call that never
+returns) from an idle one: `time.monotonic() - heartbeat` grows only while the thread is stuck.
+
+Admission bound: `submit` refuses (QueueFull) only when the requests waiting would exceed
+`max_waiting` plus the slots that are idle right now, so `max_waiting=0` still admits into an idle
+slot and a burst is never refused while slots sit empty.
 """
 
 from __future__ import annotations
@@ -47,6 +56,8 @@ from g4bench.engine.prefix_cache import SlotTable
 from g4bench.engine.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 0.25  # the idle engine thread's heartbeat period
 
 
 @dataclass(frozen=True)
@@ -142,6 +153,7 @@ class Scheduler:
         self._prefilling: deque[_Request] = deque()  # engine thread only, admission order
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self.heartbeat = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="g4bench-engine", daemon=True)
 
     # ---- any thread -------------------------------------------------------------------------
@@ -188,7 +200,8 @@ class Scheduler:
         with self._cv:
             if self._error is not None or self._stopping:
                 raise SchedulerDead(f"engine loop is not running: {self._error!r}")
-            if len(self._waiting) >= self.max_waiting:
+            idle = max(0, self.max_slots - len(self._running))
+            if len(self._waiting) >= self.max_waiting + idle:
                 raise QueueFull(f"{len(self._waiting)} requests already waiting (limit {self.max_waiting})")
             rid = self._next_id
             self._next_id += 1
@@ -196,6 +209,11 @@ class Scheduler:
             self._waiting.append(req)
             self._cv.notify_all()
         return rid
+
+    def is_waiting(self, request_id: int) -> bool:
+        """Whether the request is still queued for a slot (not admitted, not finished)."""
+        with self._cv:
+            return any(r.id == request_id for r in self._waiting)
 
     def cancel(self, request_id: int) -> None:
         """Stop a request (waiting or running) and free its slot; unknown or finished ids are ignored."""
@@ -227,11 +245,12 @@ class Scheduler:
                 log.info("engine warm-up done in %.1f s", self.warmup_s)
             self._ready.set()
             while self._wait_for_work():
+                self.heartbeat = time.monotonic()
                 self._apply_cancels()
                 self._admit()
                 self._decode_step()
                 self._prefill_step()
-        except Exception as exc:  # a scheduler bug: fail loudly, never silently
+        except BaseException as exc:  # a scheduler bug (or SystemExit in the engine): fail loudly
             log.exception("g4bench engine loop died; every request fails until restart")
             self._error = exc
             self._ready.set()  # wake wait_ready(); `ready` stays False because the loop is dead
@@ -243,7 +262,8 @@ class Scheduler:
     def _wait_for_work(self) -> bool:
         with self._cv:
             while not (self._stopping or self._waiting or self._running or self._cancels):
-                self._cv.wait()
+                self.heartbeat = time.monotonic()
+                self._cv.wait(HEARTBEAT_S)
             return not self._stopping
 
     def _apply_cancels(self) -> None:

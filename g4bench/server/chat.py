@@ -2,12 +2,12 @@
 
 Two templates:
 
-- Synthetic models (byte tokenizer) use a fixed Gemma-style layout, BOS first:
+- Synthetic models (`SyntheticTokenizer`) use a fixed Gemma-style layout, BOS first:
 
       <bos><|turn>system\\n{content}<turn|>\\n<|turn>user\\n{content}<turn|>\\n<|turn>model\\n
 
-  (`assistant` is spelled `model`; `developer` is spelled `system`.) A byte-level model cannot emit
-  `<turn|>` as one token, so the string `<turn|>` is a stop string for it.
+  (`assistant` is spelled `model`; `developer` is spelled `system`.) The synthetic vocabulary has no
+  `<turn|>` token, so the string `<turn|>` is a stop string for it.
 - Real checkpoints render their own `chat_template` (chat_template.jinja or tokenizer_config.json)
   with jinja2 in a sandbox, as transformers does (`add_generation_prompt=True`), then encode the
   text without special-token post-processing and prepend BOS if the template did not emit it
@@ -22,18 +22,25 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 
-from g4bench.server.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from g4bench.server.synthetic_tokenizer import SyntheticTokenizer
+from g4bench.server.tokenizer import HFTokenizer, Tokenizer
 
 TURN_END = "<turn|>"
-BYTE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "model", "tool": "tool"}
+TEMPLATE_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "model",
+    "tool": "tool",
+}
 
 
 class TemplateError(ValueError):
     """The chat template rejected the conversation (e.g. roles that do not alternate)."""
 
 
-def render_byte_template(messages: Sequence[dict]) -> str:
-    parts = [f"<|turn>{BYTE_ROLES[m['role']]}\n{m['content']}{TURN_END}\n" for m in messages]
+def render_synthetic_template(messages: Sequence[dict]) -> str:
+    parts = [f"<|turn>{TEMPLATE_ROLES[m['role']]}\n{m['content']}{TURN_END}\n" for m in messages]
     return "".join(parts) + "<|turn>model\n"
 
 
@@ -43,10 +50,12 @@ class ChatFormatter:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         template = getattr(tokenizer, "chat_template", None)
-        self._template = None if isinstance(tokenizer, ByteTokenizer) or not template else _compile(template)
+        self._template = (
+            None if isinstance(tokenizer, SyntheticTokenizer) or not template else _compile(template)
+        )
         stop_ids = {tokenizer.eos_token_id, tokenizer.pad_token_id}
         self.stop_strings: list[str] = []
-        if isinstance(tokenizer, ByteTokenizer):
+        if isinstance(tokenizer, SyntheticTokenizer):
             self.stop_strings.append(TURN_END)
         else:
             stop_ids |= {tokenizer.token_id(TURN_END), tokenizer.token_id("<end_of_turn>")}
@@ -56,7 +65,7 @@ class ChatFormatter:
 
     def render(self, messages: Sequence[dict]) -> str:
         if self._template is None:
-            return render_byte_template(messages)
+            return render_synthetic_template(messages)
         tok = self.tokenizer
         try:
             return self._template.render(

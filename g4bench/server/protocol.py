@@ -1,8 +1,17 @@
 """OpenAI request and response schemas (pydantic), plus g4bench's benchmarking extensions.
 
-Requests are parsed leniently about *unknown* fields (clients send `user`, `logprobs`, ... that we
-ignore) and strictly about known ones: wrong types, n > 1, empty messages and non-positive
-max_tokens fail validation and become a 400 with an OpenAI error body (see app.py).
+Requests are parsed leniently about *unknown* fields (clients send `user`, `metadata`, ... that
+change nothing) and strictly about known ones: wrong types, n > 1, empty messages, and every number
+outside the range the engine can honour (max_tokens, min_tokens and top_k fit an int32, seeds an
+int64, temperature and top_p their usual ranges) fail validation and become a 400 with an OpenAI
+error body naming the field (see requests.py).
+
+`UNSUPPORTED` lists OpenAI fields that ask for something this server does not do (tool calls,
+structured output, log-probabilities, echo, best-of, penalties, logit bias). Silently ignoring them
+would let a client believe its constraint was applied, so each is a 400 naming the field, unless
+its value is one that asks for nothing: null, and the listed no-op values (`tools: []`,
+`tool_choice: "none"`, `response_format: {"type": "text"}`, `logprobs: false`, `top_logprobs: 0`,
+`echo: false`, `best_of: 1`, penalties of 0, `logit_bias: {}`, ...).
 
 Extensions beyond OpenAI, named as vLLM names them: `ignore_eos`, `min_tokens`, `top_k`, and
 `return_token_ids` — when true the response carries `prompt_token_ids` at the top level and the
@@ -23,6 +32,47 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 _OMIT_NONE: Any = Field(default=None, exclude_if=lambda v: v is None)
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+INT32_MAX = 2**31 - 1
+MAX_STOP_CHARS = 256  # the stop-string scan runs in the engine thread, per token
+INT64 = (-(2**63), 2**63 - 1)
+
+# Field -> the values that ask for nothing (besides null); any other value is a 400 naming the field.
+# Compared with their type (`0` is not `false`), see `unsupported_field`.
+UNSUPPORTED: dict[str, tuple] = {
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+    "response_format": ({"type": "text"},),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "guided_grammar": (),
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "prompt_logprobs": (),
+    "echo": (False,),
+    "best_of": (1,),
+    "suffix": ("",),
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "min_p": (0, 0.0),
+    "logit_bias": ({},),
+    "bad_words": ([],),
+}
+
+
+def unsupported_field(body: dict) -> str | None:
+    """The first field of `body` that asks for something this server does not do, or None."""
+    for name, noops in UNSUPPORTED.items():
+        if name in body:
+            value = body[name]
+            if value is not None and not any(type(value) is type(v) and value == v for v in noops):
+                return name
+    return None
 
 
 class _Lenient(BaseModel):
@@ -54,28 +104,38 @@ class SamplingFields(_Lenient):
     """Fields shared by chat and completions requests."""
 
     model: str
-    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(strict=True, ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(strict=True, gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None  # -1 or 0: off (vLLM spells off as -1)
-    seed: StrictInt | None = None
-    stop: str | list[str] | None = None
+    max_tokens: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] | None = None
+    temperature: Annotated[float, Field(strict=True, ge=0.0, le=2.0, allow_inf_nan=False)] | None = None
+    top_p: Annotated[float, Field(strict=True, gt=0.0, le=1.0, allow_inf_nan=False)] | None = None
+    # -1 or 0: off (vLLM spells off as -1); a value past the vocabulary means the same as off.
+    top_k: Annotated[StrictInt, Field(ge=-1, le=INT32_MAX)] | None = None
+    seed: Annotated[StrictInt, Field(ge=INT64[0], le=INT64[1])] | None = None
+    stop: list[str] | None = None  # a single string is accepted as a list of one
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: Annotated[StrictInt, Field(ge=1, le=1)] = 1  # only one choice per request
     ignore_eos: StrictBool = False
-    min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
+    min_tokens: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] = 0
     return_token_ids: StrictBool = False
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_stop(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
 
     @field_validator("stop")
     @classmethod
-    def _stops(cls, v: str | list[str] | None) -> list[str] | None:
-        if v is None:
-            return None
-        stops = [v] if isinstance(v, str) else v
-        if len(stops) > 4 or any(not s for s in stops):
-            raise ValueError("stop must be at most 4 non-empty strings")
-        return stops
+    def _stops(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and (len(v) > 4 or any(not 0 < len(s) <= MAX_STOP_CHARS for s in v)):
+            raise ValueError(
+                f"stop must be at most 4 non-empty strings of at most {MAX_STOP_CHARS} characters"
+            )
+        return v
+
+    @property
+    def output_limit(self) -> int | None:
+        """The most tokens to generate (None: up to the context length)."""
+        return self.max_tokens
 
     @property
     def include_usage(self) -> bool:
@@ -84,7 +144,7 @@ class SamplingFields(_Lenient):
 
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] | None = None
 
     @property
     def output_limit(self) -> int | None:
@@ -114,10 +174,6 @@ class CompletionRequest(SamplingFields):
         if self.max_tokens is None:
             self.max_tokens = 16  # OpenAI's completions default
         return self
-
-    @property
-    def output_limit(self) -> int | None:
-        return self.max_tokens
 
 
 # ---- responses (serialized with model_dump_json(); optional extras vanish when None) ----------------------------------------------------------------------------------

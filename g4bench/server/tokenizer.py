@@ -2,8 +2,8 @@
 
 Two tokenizers share one small interface (`Tokenizer`):
 
-- `ByteTokenizer` for synthetic models: pad=0, eos=1, bos=2, byte b -> id b+3 (vocab >= 259). Text is
-  UTF-8 encoded byte by byte, so any string round-trips and multi-byte characters span several ids.
+- `SyntheticTokenizer` (synthetic_tokenizer.py) for synthetic models: every non-special id decodes
+  to a short non-empty piece of text, so each sampled token streams as one visible delta.
 - `HFTokenizer` for real checkpoints: `tokenizers.Tokenizer.from_file(tokenizer.json)` plus the
   special tokens named in `tokenizer_config.json`. Gemma's tokenizer adds no BOS of its own
   (seed-engine-notes §5 item 10: without BOS the model echoes the prompt), so `encode(add_bos=True)`
@@ -21,14 +21,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-PAD_ID, EOS_ID, BOS_ID, BYTE_OFFSET = 0, 1, 2, 3
 REPLACEMENT = "\ufffd"
+# Ids an incomplete character may span before its text is released anyway (a UTF-8 character is at
+# most 4 bytes; more pending ids than this can never complete one, so holding them back only costs).
+MAX_PENDING_IDS = 8
 
 
 class Tokenizer(Protocol):
     """What the server needs from a tokenizer."""
 
     vocab_size: int
+    max_token_chars: int  # most characters one id of `encode` can cover (prompt checks before encoding)
     bos_token_id: int | None
     eos_token_id: int | None
     pad_token_id: int | None
@@ -42,30 +45,6 @@ class Tokenizer(Protocol):
     def token_id(self, token: str) -> int | None:
         """Id of a (special) token spelled `token`, or None when the vocabulary has no such token."""
         ...
-
-
-class ByteTokenizer:
-    """Byte-level tokenizer for synthetic models: ids 0-2 are special, ids >= 259 decode to nothing."""
-
-    bos_token_id: int | None = BOS_ID
-    eos_token_id: int | None = EOS_ID
-    pad_token_id: int | None = PAD_ID
-
-    def __init__(self, vocab_size: int = 259) -> None:
-        if vocab_size < 256 + BYTE_OFFSET:
-            raise ValueError(f"a byte tokenizer needs vocab_size >= 259, got {vocab_size}")
-        self.vocab_size = vocab_size
-
-    def encode(self, text: str, add_bos: bool = False) -> list[int]:
-        ids = [b + BYTE_OFFSET for b in text.encode("utf-8")]
-        return [BOS_ID, *ids] if add_bos else ids
-
-    def decode(self, ids: Sequence[int]) -> str:
-        raw = bytes(i - BYTE_OFFSET for i in ids if BYTE_OFFSET <= i < 256 + BYTE_OFFSET)
-        return raw.decode("utf-8", errors="replace")
-
-    def token_id(self, token: str) -> int | None:
-        return {"<pad>": PAD_ID, "<eos>": EOS_ID, "<bos>": BOS_ID}.get(token)
 
 
 class HFTokenizer:
@@ -96,6 +75,12 @@ class HFTokenizer:
         # Whether the post-processor adds BOS by itself (Gemma's does not).
         probe = self._tok.encode("a", add_special_tokens=True).ids
         self._adds_bos = bool(probe) and probe[0] == self.bos_token_id
+        # The longest vocabulary entry bounds the characters one id can cover (byte-fallback entries
+        # such as "<0xE2>" overstate it, which only loosens the bound). A normalizer that deletes
+        # characters could pack more; the exact token count is checked after encoding anyway.
+        self.max_token_chars = max(
+            (len(piece) for piece in self._tok.get_vocab(with_added_tokens=True)), default=1
+        )
 
     def _find_chat_template(self, d: Path) -> str | None:
         jinja = d / "chat_template.jinja"
@@ -142,7 +127,12 @@ class IncrementalDecoder:
 
     `prefix_offset..read_offset` is the window already turned into text; decoding
     `prefix_offset..end` and subtracting that window's text gives the new text, which is held back
-    while it ends in U+FFFD (an unfinished multi-byte character).
+    while it ends in U+FFFD (an unfinished multi-byte character), at most `MAX_PENDING_IDS` ids.
+
+    The window never grows past one released group plus the pending ids, so a push costs O(1)
+    decodes of bounded length: ids that produce no text (special tokens, pieces the tokenizer
+    skips) advance the window like ids that do, instead of piling up in it (which made a run of
+    n such ids cost O(n²)).
     """
 
     def __init__(self, tokenizer: Tokenizer) -> None:
@@ -155,11 +145,12 @@ class IncrementalDecoder:
         self._ids.append(token)
         prefix_text = self._tok.decode(self._ids[self._prefix_offset : self._read_offset])
         new_text = self._tok.decode(self._ids[self._prefix_offset :])
-        if len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT):
-            self._prefix_offset = self._read_offset
-            self._read_offset = len(self._ids)
-            return new_text[len(prefix_text) :]
-        return ""
+        pending = len(self._ids) - self._read_offset
+        if new_text.endswith(REPLACEMENT) and pending < MAX_PENDING_IDS:
+            return ""  # an unfinished character: wait for its next byte
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        return new_text[len(prefix_text) :]
 
     def flush(self) -> str:
         """Text not yet released (an unfinished character becomes U+FFFD)."""
@@ -170,7 +161,9 @@ class IncrementalDecoder:
 
 
 def load_tokenizer(tokenizer_dir: str | Path | None, vocab_size: int) -> Tokenizer:
-    """The checkpoint's tokenizer, or the byte tokenizer for synthetic models (`tokenizer_dir=None`)."""
+    """The checkpoint's tokenizer, or the synthetic one for synthetic models (`tokenizer_dir=None`)."""
     if tokenizer_dir is None:
-        return ByteTokenizer(vocab_size)
+        from g4bench.server.synthetic_tokenizer import SyntheticTokenizer
+
+        return SyntheticTokenizer(vocab_size)
     return HFTokenizer(tokenizer_dir)

@@ -23,7 +23,7 @@ Two transports (`api`):
 - "chat" (any OpenAI-compatible server): POST /v1/chat/completions with text messages (tool results
   sent as user messages, as SGLang's agentic dataset does); the server tokenizes, so prompt lengths
   come from `usage` and prefix reuse can only be judged from `cached_tokens`. Text of "N tokens" is N
-  ASCII bytes: exact for the byte-level tokenizer of our synthetic models, about N/4 tokens elsewhere.
+  ASCII characters: exact for the synthetic tokenizer of our synthetic models, about N/4 tokens elsewhere.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from harness.load.client import RequestRecord, RequestSpec
 
 Kind = Literal["fixed", "agent", "shared-prefix"]
 Api = Literal["auto", "tokens", "chat"]  # "auto": the runner probes and picks one
-# Token ids drawn for synthetic prompts: printable ASCII in the byte-level tokenizer (byte b -> b+3),
+# Token ids drawn for synthetic prompts: printable ASCII in the synthetic tokenizer (char c -> ord(c)+3),
 # ordinary ids in any real vocabulary too.
 TOKEN_LO, TOKEN_HI = 3 + 32, 3 + 127
 
@@ -81,7 +81,7 @@ def _ids(rng: random.Random, n: int) -> list[int]:
 
 
 def _text(rng: random.Random, n: int) -> str:
-    """n ASCII bytes of lowercase pseudo-words (n tokens under the byte-level tokenizer)."""
+    """n ASCII characters of lowercase pseudo-words (n tokens under the synthetic tokenizer)."""
     out, letters = [], "abcdefghijklmnopqrstuvwxyz"
     while len(out) < n:
         out.extend(rng.choice(letters) for _ in range(rng.randint(2, 7)))

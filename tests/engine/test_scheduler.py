@@ -317,7 +317,7 @@ def test_bounded_queue_and_validation():
     sched = Scheduler(engine, max_waiting=2).start()
     try:
         assert not sched.ready
-        sinks = [Collect() for _ in range(2)]
+        sinks = [Collect() for _ in range(3)]  # max_waiting (2) + the idle slot (1)
         for s in sinks:
             sched.submit([5, 6], GenerationParams(max_tokens=2), s)
         with pytest.raises(QueueFull):

@@ -13,7 +13,7 @@ runner = CliRunner()
 
 
 def test_generate_batch_ids_on_stdout_timings_on_stderr():
-    """Two copies of a text prompt (byte tokenizer + BOS) in two slots: the same greedy ids twice on
+    """Two copies of a text prompt (synthetic tokenizer + BOS) in two slots: the same greedy ids twice on
     stdout; prefill, decode and compile figures on stderr."""
     args = ["generate", "--model", "tiny-a", "--prompt", "hi there", "--max-tokens", "4", "--batch", "2"]
     result = runner.invoke(app, [*args, "--ids", "--ignore-eos"])

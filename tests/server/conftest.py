@@ -1,7 +1,7 @@
 """Fixtures for server tests: apps over the fake engine, and a real uvicorn server on a free port.
 
-`live_server(app)` runs uvicorn in a background thread on 127.0.0.1 port 0 (the socket is bound
-first, so the port is known), waits for `server.started` with a deadline (no fixed sleeps), and
+`live_server(app)` runs uvicorn (through `transport.make_server`, as `serve` does) in a background
+thread on 127.0.0.1 port 0 (the socket is bound first, so the port is known), waits for `server.started` with a deadline (no fixed sleeps), and
 shuts it down after the test.
 """
 
@@ -15,7 +15,8 @@ import pytest
 
 from g4bench.engine.scheduler import Scheduler
 from g4bench.server.app import create_app
-from g4bench.server.tokenizer import ByteTokenizer
+from g4bench.server.settings import ServerSettings
+from g4bench.server.synthetic_tokenizer import SyntheticTokenizer
 from tests.server.fake_engine import FakeEngine
 
 DEADLINE_S = 15.0
@@ -31,10 +32,10 @@ def wait_until(pred, timeout: float = DEADLINE_S, what: str = "condition") -> No
 
 @pytest.fixture
 def fake_app():
-    """make(api_key=None, warm=True, **engine_kw) -> (app, engine, scheduler)."""
+    """make(warm=True, max_waiting=64, settings=None, **engine_kw) -> (app, engine, scheduler)."""
     scheds = []
 
-    def make(api_key=None, warm=True, max_waiting=64, **engine_kw):
+    def make(warm=True, max_waiting=64, settings: ServerSettings | None = None, **engine_kw):
         engine = FakeEngine(**engine_kw)
         if not warm:
             engine.warmup_gate = threading.Event()
@@ -42,19 +43,22 @@ def fake_app():
         scheds.append((sched, engine))
         if warm:
             assert sched.wait_ready(DEADLINE_S)
-        return create_app(sched, ByteTokenizer(engine.cfg.vocab_size), "fake", api_key=api_key), engine, sched
+        app = create_app(sched, SyntheticTokenizer(engine.cfg.vocab_size), "fake", settings)
+        return app, engine, sched
 
     yield make
     for sched, engine in scheds:
         if engine.warmup_gate is not None:
             engine.warmup_gate.set()
+        if engine.decode_gate is not None:
+            engine.decode_gate.set()
         sched.stop()
 
 
 @pytest.fixture
 def live_server():
     """serve(app) -> base URL "http://127.0.0.1:PORT"; stopped at teardown."""
-    import uvicorn
+    from g4bench.server.transport import make_server
 
     running = []
 
@@ -62,7 +66,7 @@ def live_server():
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        server = make_server(app, log_level="warning")  # `serve`'s transport: limits and timeouts
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
         thread.start()
         running.append((server, thread, sock))

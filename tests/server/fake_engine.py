@@ -6,7 +6,11 @@ repeats a position, or mixes up slots produces different tokens than the request
 
     h = (sum(ids) * 31 + len(ids) [+ 17 * seed + 1 when temperature > 0]) % 95
     next = EOS (1)          if eos_mod and (sum(ids) * 7 + len(ids)) % eos_mod == 0
-           3 + 32 + h       otherwise (a printable ASCII byte under the byte tokenizer)
+           3 + 32 + h       otherwise (a printable ASCII character under the synthetic tokenizer)
+
+Fault injection: `decode_error` is raised by the next decode (an Exception fails that step's
+requests; a BaseException kills the engine loop), and `decode_gate` (an Event) makes every decode
+wait for it, which is how a stalled device call looks from the outside.
 
 API misuse (a gap before `start`, a decode position that is not the slot's end, a ring slot resumed
 from anywhere but its end) is recorded in `violations`; tests assert it stays empty.
@@ -100,7 +104,8 @@ class FakeEngine:
             tuple
         ] = []  # ("prefill", slot, start, n) | ("decode", n_active) | ("copy", src, dst) | ("suppress", slot, on)
         self.warmup_gate: threading.Event | None = None
-        self.decode_error: Exception | None = None  # raised once by the next decode
+        self.decode_error: BaseException | None = None  # raised once by the next decode
+        self.decode_gate: threading.Event | None = None  # decode blocks until it is set
 
     def warmup(self) -> float:
         if self.warmup_gate is not None:
@@ -136,6 +141,8 @@ class FakeEngine:
         self.calls.append(("decode", int(np.sum(active))))
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
+        if self.decode_gate is not None:
+            self.decode_gate.wait()
         if self.decode_error is not None:
             err, self.decode_error = self.decode_error, None
             raise err

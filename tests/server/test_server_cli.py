@@ -32,6 +32,24 @@ def test_serve_rejects_bad_choices_before_loading():
     assert r.exit_code == 2
 
 
+def test_serve_warns_on_a_public_bind_without_a_key(monkeypatch):
+    monkeypatch.delenv("G4BENCH_API_KEY", raising=False)
+    r = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0", "--model", "no-such-model.json"])
+    assert "without an API key" in r.output  # printed before the model is loaded (which fails here)
+    monkeypatch.setenv("G4BENCH_API_KEY", "k")
+    r = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0", "--model", "no-such-model.json"])
+    assert "without an API key" not in r.output
+
+
+def test_serve_rejects_bad_limits_and_key_files(tmp_path):
+    r = CliRunner().invoke(app, ["serve", "--api-key-file", str(tmp_path / "missing")])
+    assert r.exit_code == 2 and "cannot read" in r.output
+    r = CliRunner().invoke(app, ["serve", "--max-body-bytes", "0"])
+    assert r.exit_code == 2 and "max_body_bytes" in r.output
+    r = CliRunner().invoke(app, ["serve", "--max-waiting", "-1"])
+    assert r.exit_code == 2
+
+
 @pytest.mark.slow
 def test_serve_process_end_to_end(tmp_path):
     """The real command in a child process: bind port 0, /health 503 -> 200 after warm-up, one request."""

@@ -11,11 +11,11 @@ import openai
 import pytest
 
 from g4bench.server.chat import ChatFormatter
-from g4bench.server.tokenizer import ByteTokenizer
+from g4bench.server.synthetic_tokenizer import SyntheticTokenizer
 from tests.server.conftest import DEADLINE_S, wait_until
 from tests.server.fake_engine import reference
 
-TOK = ByteTokenizer(512)
+TOK = SyntheticTokenizer(512)
 FMT = ChatFormatter(TOK)
 
 

@@ -22,7 +22,7 @@ engine_mod = pytest.importorskip("g4bench.engine.engine")
 
 from g4bench.engine.scheduler import GenerationParams, Scheduler  # noqa: E402
 from g4bench.server.app import create_app  # noqa: E402
-from g4bench.server.tokenizer import ByteTokenizer  # noqa: E402
+from g4bench.server.synthetic_tokenizer import SyntheticTokenizer  # noqa: E402
 from tests.server.conftest import DEADLINE_S  # noqa: E402
 
 MAX_LEN, CHUNK = 128, 16
@@ -179,7 +179,7 @@ def test_shared_prefix_copied_from_busy_slot_equals_cold(full_engine):
 
 
 def test_http_stream_equals_non_stream_and_alone(full_engine):
-    tok = ByteTokenizer(512)
+    tok = SyntheticTokenizer(512)
     sched = Scheduler(full_engine).start()  # with warm-up: /health must flip to 200
     try:
         app = create_app(sched, tok, "tiny-a")

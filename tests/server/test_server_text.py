@@ -6,23 +6,53 @@ import json
 
 import pytest
 
-from g4bench.server.chat import ChatFormatter, TemplateError, render_byte_template
+from g4bench.server.chat import ChatFormatter, TemplateError, render_synthetic_template
 from g4bench.server.streaming import TextAssembler
-from g4bench.server.tokenizer import ByteTokenizer, HFTokenizer, IncrementalDecoder, load_tokenizer
+from g4bench.server.synthetic_tokenizer import SyntheticTokenizer
+from g4bench.server.tokenizer import HFTokenizer, IncrementalDecoder, load_tokenizer
 
 
-def test_byte_tokenizer_round_trip_and_specials():
-    tok = ByteTokenizer(512)
-    ids = tok.encode("hé€😀", add_bos=True)
-    assert ids[0] == 2 and ids[1] == ord("h") + 3 and len(ids) == 1 + 1 + 2 + 3 + 4
-    assert tok.decode(ids) == "hé€😀"
-    assert tok.decode([0, 1, 2, 300, ord("a") + 3]) == "a"  # specials and ids >= 259 vanish
+class Bytes:
+    """A byte-fallback tokenizer in miniature: id b + 3 is byte b, ids 0-2 and >= 259 decode to
+    nothing (special tokens). It has what the incremental decoder must cope with: characters that
+    span several ids, and ids that produce no text. `calls` counts ids decoded (the work done)."""
+
+    vocab_size, max_token_chars, bos_token_id, eos_token_id, pad_token_id = 512, 1, 2, 1, 0
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def encode(self, text, add_bos=False):
+        return [b + 3 for b in text.encode("utf-8")]
+
+    def decode(self, ids):
+        self.calls += len(ids)
+        return bytes(i - 3 for i in ids if 3 <= i < 259).decode("utf-8", errors="replace")
+
+    def token_id(self, token):
+        return None
+
+
+def test_synthetic_tokenizer_every_id_is_visible_text():
+    tok = SyntheticTokenizer(65536)
+    pieces = [tok.decode([i]) for i in range(3, 65536)]
+    assert all(pieces) and max(len(x) for x in pieces) <= 7  # non-empty, short
+    assert tok.decode([0, 1, 2]) == ""  # special ids are skipped, as with skip_special_tokens
+    ids = tok.encode("hé€ x", add_bos=True)
+    assert ids[0] == 2 and ids[1] == ord("h") + 3 and len(ids) == 6  # one id per character
+    assert tok.decode(ids) == "hé€ x" and tok.max_token_chars == 1
+    assert tok.decode(tok.encode("a\U0001f600\ud800b")) == "a⁇⁇b"  # unknown -> ⁇, no error
+    big = SyntheticTokenizer(262144)
+    assert len({big.decode([i]) for i in range(3, 262144)}) == 262141  # every piece distinct
     with pytest.raises(ValueError):
-        ByteTokenizer(100)
+        SyntheticTokenizer(100)
+    # Every sampled id streams as exactly one visible delta.
+    dec = IncrementalDecoder(tok)
+    assert all(dec.push(i) == tok.decode([i]) for i in range(3, 4000, 7))
 
 
 def test_incremental_decoder_never_splits_a_character():
-    tok = ByteTokenizer()
+    tok = Bytes()
     text = "a€b😀c"
     dec = IncrementalDecoder(tok)
     deltas = [dec.push(i) for i in tok.encode(text)]
@@ -36,8 +66,19 @@ def test_incremental_decoder_never_splits_a_character():
     assert dec.flush() == "\ufffd"
 
 
+@pytest.mark.parametrize("silent", [300, 0x80 + 3])  # an id with no text; a lone continuation byte
+def test_incremental_decoder_is_linear_in_silent_runs(silent):
+    """8,192 ids that produce no text (or only U+FFFD) cost O(n) decoded ids, not O(n^2)."""
+    tok = Bytes()
+    dec = IncrementalDecoder(tok)
+    n = 8192
+    out = "".join(dec.push(silent) for _ in range(n)) + dec.push(ord("x") + 3) + dec.flush()
+    assert out.endswith("x") and set(out[:-1]) <= {"\ufffd"}
+    assert tok.calls < 40 * n  # quadratic would be about n^2 / 2 = 33.5 million
+
+
 def test_text_assembler_stop_strings_hold_back_and_cut():
-    tok = ByteTokenizer()
+    tok = SyntheticTokenizer(512)
     asm = TextAssembler(tok, stop=["STOP"])
     out, stopped_at = [], None
     for n, i in enumerate(tok.encode("abcSTxSTOPtail"), start=1):
@@ -87,7 +128,7 @@ def test_hf_tokenizer_bos_and_special_ids(tmp_path):
     assert tok.encode("<bos>hello", add_bos=True) == [2, 6]  # not doubled
     assert tok.token_id("<turn|>") == 5 and tok.token_id("<end_of_turn>") is None
     assert tok.decode([2, 6, 5]) == "hello"
-    assert isinstance(load_tokenizer(None, 512), ByteTokenizer)
+    assert isinstance(load_tokenizer(None, 512), SyntheticTokenizer)
 
 
 def test_chat_formatter_renders_checkpoint_template(tmp_path):
@@ -112,10 +153,10 @@ def test_chat_template_without_bos_gets_one_and_sandbox_holds(tmp_path):
         ChatFormatter(raising).render([{"role": "user", "content": "x"}])
 
 
-def test_byte_chat_template():
-    fmt = ChatFormatter(ByteTokenizer(512))
+def test_synthetic_chat_template():
+    fmt = ChatFormatter(SyntheticTokenizer(512))
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     text = "<|turn>system\nbe brief<turn|>\n<|turn>user\nhi<turn|>\n<|turn>model\n"
-    assert render_byte_template(msgs) == text
-    assert fmt.encode(msgs) == [2] + ByteTokenizer().encode(text)
+    assert render_synthetic_template(msgs) == text
+    assert fmt.encode(msgs) == [2] + SyntheticTokenizer(512).encode(text)
     assert fmt.stop_strings == ["<turn|>"] and fmt.stop_token_ids == frozenset({0, 1})
