@@ -44,7 +44,9 @@ def parse_call_body(body: str) -> tuple[str, str]:
     args = reader.value()
     reader.skip_ws()
     if reader.pos != len(body):
-        raise GemmaSyntaxError(f"tool call {m.group(1)!r}: unexpected text after the arguments at {reader.pos}")
+        raise GemmaSyntaxError(
+            f"tool call {m.group(1)!r}: unexpected text after the arguments at {reader.pos}"
+        )
     return m.group(1), json.dumps(args, ensure_ascii=False)
 
 
@@ -54,7 +56,9 @@ def gemma_to_json(text: str) -> str:
     value = reader.value()
     reader.skip_ws()
     if reader.pos != len(text):
-        raise GemmaSyntaxError(f"unexpected text after the value at {reader.pos}: {text[reader.pos :][:20]!r}")
+        raise GemmaSyntaxError(
+            f"unexpected text after the value at {reader.pos}: {text[reader.pos :][:20]!r}"
+        )
     return json.dumps(value, ensure_ascii=False)
 
 
@@ -146,7 +150,7 @@ class _Reader:
             start = self.pos + len(STRING_DELIM)
             end = self.text.find(STRING_DELIM, start)
             if end < 0:
-                raise self.fail("unterminated <|\"|> string")
+                raise self.fail('unterminated <|"|> string')
             self.pos = end + len(STRING_DELIM)
             return self.text[start:end]
         try:

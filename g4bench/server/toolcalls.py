@@ -124,7 +124,9 @@ class OutputParser:
                 return False  # could still be the header
             if buf.startswith(header):
                 self._buf = buf[len(header) :]
-            elif buf == CHANNEL_HEADER or (buf.startswith(CHANNEL_HEADER) and buf[len(CHANNEL_HEADER)].isspace()):
+            elif buf == CHANNEL_HEADER or (
+                buf.startswith(CHANNEL_HEADER) and buf[len(CHANNEL_HEADER)].isspace()
+            ):
                 self._buf = buf[len(CHANNEL_HEADER) :]
             self._state = "reasoning"
             return True
@@ -189,7 +191,9 @@ def assemble(deltas: Iterable[dict]) -> ParsedOutput:
     )
 
 
-def parse_output(text: str, *, in_reasoning: bool = False, id_factory: Callable[[], str] = new_call_id) -> ParsedOutput:
+def parse_output(
+    text: str, *, in_reasoning: bool = False, id_factory: Callable[[], str] = new_call_id
+) -> ParsedOutput:
     """Non-streaming: the whole generated text -> content / reasoning_content / tool_calls."""
     parser = OutputParser(in_reasoning=in_reasoning, id_factory=id_factory)
     return assemble(parser.feed(text) + parser.finish())

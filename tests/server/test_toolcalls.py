@@ -22,37 +22,86 @@ def ids():
     return lambda: f"call_{next(counter)}"
 
 
-def call(name: str, args: dict) -> dict:
-    return {"id": None, "type": "function", "function": {"name": name, "arguments": args}}
-
-
 # (model output, content, reasoning, [(name, arguments as a Python value)])
 FIXTURES = [
     ("Hello there.", "Hello there.", None, []),
-    ("<|tool_call>call:read_invoice{invoice_id:INV-472}<tool_call|>", None, None,
-     [("read_invoice", {"invoice_id": "INV-472"})]),
-    ("<|tool_call>call:open_file{path:src/main.py}<tool_call|>", None, None, [("open_file", {"path": "src/main.py"})]),
-    ("<|tool_call>call:fetch{ids:[INV-1, INV-2]}<tool_call|>", None, None, [("fetch", {"ids": ["INV-1", "INV-2"]})]),
-    (f"<|tool_call>call:get_weather{{location:{Q}Paris, France{Q},unit:celsius,days:3}}<tool_call|>", None, None,
-     [("get_weather", {"location": "Paris, France", "unit": "celsius", "days": 3})]),
-    ("<|tool_call>call:mix{a:[1, 2.5, -3e2, true, null, x1],b:{c:{d:[[1],[k]]}},e:false}<tool_call|>", None, None,
-     [("mix", {"a": [1, 2.5, -300.0, True, None, "x1"], "b": {"c": {"d": [[1], ["k"]]}}, "e": False})]),
-    ("Let me check both.\n<|tool_call>call:a{x:1}<tool_call|><|tool_call>call:b{y:two}<tool_call|>",
-     "Let me check both.\n", None, [("a", {"x": 1}), ("b", {"y": "two"})]),
-    ("<|tool_call>call:a{}<tool_call|>\n<|tool_call>call:b{s:<|\"|>{not: parsed}<|\"|>}<tool_call|>\n", None, None,
-     [("a", {}), ("b", {"s": "{not: parsed}"})]),
-    ("<|channel>thought\nThe user wants weather.<channel|>It is sunny.", "It is sunny.", "The user wants weather.", []),
-    ("<|channel>thought\nNeed data.<channel|><|tool_call>call:lookup{q:rain}<tool_call|>", None, "Need data.",
-     [("lookup", {"q": "rain"})]),
+    (
+        "<|tool_call>call:read_invoice{invoice_id:INV-472}<tool_call|>",
+        None,
+        None,
+        [("read_invoice", {"invoice_id": "INV-472"})],
+    ),
+    (
+        "<|tool_call>call:open_file{path:src/main.py}<tool_call|>",
+        None,
+        None,
+        [("open_file", {"path": "src/main.py"})],
+    ),
+    (
+        "<|tool_call>call:fetch{ids:[INV-1, INV-2]}<tool_call|>",
+        None,
+        None,
+        [("fetch", {"ids": ["INV-1", "INV-2"]})],
+    ),
+    (
+        f"<|tool_call>call:get_weather{{location:{Q}Paris, France{Q},unit:celsius,days:3}}<tool_call|>",
+        None,
+        None,
+        [("get_weather", {"location": "Paris, France", "unit": "celsius", "days": 3})],
+    ),
+    (
+        "<|tool_call>call:mix{a:[1, 2.5, -3e2, true, null, x1],b:{c:{d:[[1],[k]]}},e:false}<tool_call|>",
+        None,
+        None,
+        [("mix", {"a": [1, 2.5, -300.0, True, None, "x1"], "b": {"c": {"d": [[1], ["k"]]}}, "e": False})],
+    ),
+    (
+        "Let me check both.\n<|tool_call>call:a{x:1}<tool_call|><|tool_call>call:b{y:two}<tool_call|>",
+        "Let me check both.\n",
+        None,
+        [("a", {"x": 1}), ("b", {"y": "two"})],
+    ),
+    (
+        '<|tool_call>call:a{}<tool_call|>\n<|tool_call>call:b{s:<|"|>{not: parsed}<|"|>}<tool_call|>\n',
+        None,
+        None,
+        [("a", {}), ("b", {"s": "{not: parsed}"})],
+    ),
+    (
+        "<|channel>thought\nThe user wants weather.<channel|>It is sunny.",
+        "It is sunny.",
+        "The user wants weather.",
+        [],
+    ),
+    (
+        "<|channel>thought\nNeed data.<channel|><|tool_call>call:lookup{q:rain}<tool_call|>",
+        None,
+        "Need data.",
+        [("lookup", {"q": "rain"})],
+    ),
     ("<|tool_call>call:broken{a:[1,2}<tool_call|>", "<|tool_call>call:broken{a:[1,2}<tool_call|>", None, []),
     ("ok <|tool_call>call:half{a:1", "ok <|tool_call>call:half{a:1", None, []),
-    ("<|tool_call>not a call<tool_call|> then text", "<|tool_call>not a call<tool_call|> then text", None, []),
+    (
+        "<|tool_call>not a call<tool_call|> then text",
+        "<|tool_call>not a call<tool_call|> then text",
+        None,
+        [],
+    ),
     ("<|channel>thought\nunfinished thinking", None, "unfinished thinking", []),
     ("a < b and c <| d <channel|> e", "a < b and c <| d  e", None, []),
     ("<|channel>thoughtful<channel|>x", "x", "thoughtful", []),
-    ("<|channel>thought\n<|tool_call> inside thought<channel|>done", "done", "<|tool_call> inside thought", []),
-    ('<|tool_call>call:j{"quoted key":"json \\"str\\"",n:-0.5}<tool_call|>', None, None,
-     [("j", {"quoted key": 'json "str"', "n": -0.5})]),
+    (
+        "<|channel>thought\n<|tool_call> inside thought<channel|>done",
+        "done",
+        "<|tool_call> inside thought",
+        [],
+    ),
+    (
+        '<|tool_call>call:j{"quoted key":"json \\"str\\"",n:-0.5}<tool_call|>',
+        None,
+        None,
+        [("j", {"quoted key": 'json "str"', "n": -0.5})],
+    ),
 ]
 
 
@@ -88,8 +137,21 @@ def test_stream_holds_back_partial_markers_and_indexes_calls():
     assert p.feed("_call>call:f{a:1}<tool_") == []
     first = p.feed("call|><|tool_call>call:g{}<tool_call|>")
     assert first == [
-        {"tool_calls": [{"index": 0, "id": "call_0", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]},
-        {"tool_calls": [{"index": 1, "id": "call_1", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},
+        {
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {"name": "f", "arguments": '{"a": 1}'},
+                }
+            ]
+        },
+        {
+            "tool_calls": [
+                {"index": 1, "id": "call_1", "type": "function", "function": {"name": "g", "arguments": "{}"}}
+            ]
+        },
     ]
     assert p.feed("<chan") == []
     assert p.finish() == [{"content": "<chan"}]
@@ -99,7 +161,10 @@ def test_reasoning_primed_by_prompt():
     parsed = parse_output("still thinking<channel|>answer", in_reasoning=True)
     assert (parsed.reasoning_content, parsed.content) == ("still thinking", "answer")
     assert parse_output("<|channel>thought\nx<channel|>y").message() == {
-        "role": "assistant", "content": "y", "reasoning_content": "x"}
+        "role": "assistant",
+        "content": "y",
+        "reasoning_content": "x",
+    }
 
 
 def test_gemma_args_errors_name_the_problem():
