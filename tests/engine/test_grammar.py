@@ -23,6 +23,7 @@ from g4bench.engine.grammar import (
     bitmask_words,
     byte_vocab,
     compile_grammar,
+    hf_vocab,
     unpack_bitmask,
 )
 from g4bench.server.tokenizer import ByteTokenizer
@@ -311,3 +312,51 @@ def test_full_size_byte_vocab_masks_unused_ids():
     vocab = byte_vocab(262_144)
     mask = vocab.matcher(compile_grammar({"type": "json_object"})).next_mask()
     assert mask.shape == (262_144,) and np.flatnonzero(mask).tolist() == [ord("{") + 3]
+
+
+def test_hf_vocab_uses_single_token_markers(tmp_path):
+    """A BPE tokenizer.json whose vocabulary has Gemma's markers as special tokens: the tool grammar
+    forces those ids (not their spelling in bytes), and the decoded call parses."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    specials = [
+        "<pad>",
+        "<eos>",
+        "<bos>",
+        "<turn|>",
+        "<|tool_call>",
+        "<tool_call|>",
+        '<|"|>',
+        "<|channel>",
+        "<channel|>",
+    ]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(['{"city": "Paris", "unit": "celsius"} call:get_weather'] * 20, trainer)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    vocab = hf_vocab(str(tmp_path / "tokenizer.json"), eos_ids=[1, 3])
+    assert vocab.marker_ids["<|tool_call>"] == 4 and vocab.marker_ids["<tool_call|>"] == 5
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMAS[0]}}]
+    grammar = compile_grammar(None, tools, "required", vocab=vocab)
+    matcher = vocab.matcher(grammar)
+    assert np.flatnonzero(matcher.next_mask()).tolist() == [4]
+    rng = np.random.default_rng(2)
+    words = np.empty(bitmask_words(vocab.vocab_size), np.int32)
+    ids: list[int] = []
+    for _ in range(2000):
+        matcher.fill_bitmask(words)
+        token = int(rng.choice(np.flatnonzero(unpack_bitmask(words, vocab.vocab_size))))
+        if token in (1, 3):
+            break
+        matcher.advance(token)
+        ids.append(token)
+    else:
+        raise AssertionError("no EOS within 2000 tokens")
+    calls = parse_output(tok.decode(ids, skip_special_tokens=False)).tool_calls
+    assert len(calls) >= 1 and all(c["function"]["name"] == "get_weather" for c in calls)
+    for c in calls:
+        jsonschema.validate(json.loads(c["function"]["arguments"]), SCHEMAS[0])
