@@ -5,7 +5,9 @@ Engine side, token ids only (no HTTP, no server imports). Backed by llguidance, 
 mask 8 us median / 92 us p99 on the synthetic byte vocabulary and 19 us / 1.5 ms on a BPE-like
 vocabulary, grammar compile < 1 ms, 20/20 outputs valid. xgrammar was as fast (2-150 us median) but
 on the byte vocabulary let raw control characters into JSON strings (0/10 outputs parsed) and took
-20-30 ms to compile a schema on the BPE-like vocabulary.
+20-30 ms to compile a schema on the BPE-like vocabulary. outlines-core ignored integer bounds
+(`"age": 24591` under `maximum: 150`; 7/12 valid) and took 1.4 s to index a schema on the BPE-like
+vocabulary.
 
 Data flow, per request:
 
@@ -130,12 +132,15 @@ def compile_grammar(
     tools: Sequence[dict] | None = None,
     tool_choice: str | dict | None = None,
     vocab: GrammarVocab | None = None,
+    *,
+    parallel_tool_calls: bool = True,
 ) -> str | None:
     """OpenAI request fields -> a Lark grammar (llguidance dialect), or None when unconstrained.
-    `vocab` picks single-token markers for real checkpoints; None spells markers as text."""
+    `vocab` picks single-token markers for real checkpoints; None spells markers as text.
+    `parallel_tool_calls=False` (OpenAI's field) allows exactly one forced call instead of one or more."""
     forced = _forced_tools(tools or [], tool_choice)
     if forced:
-        return _tool_grammar(forced, vocab)
+        return _tool_grammar(forced, vocab, parallel=parallel_tool_calls)
     if response_format is None or response_format.get("type", "text") == "text":
         return None
     kind = response_format.get("type")
@@ -172,9 +177,9 @@ def _json_rule(schema: dict, *, strict: bool) -> str:
     return "%json " + json.dumps({**schema, "x-guidance": options})
 
 
-def _tool_grammar(functions: list[dict], vocab: GrammarVocab | None) -> str:
+def _tool_grammar(functions: list[dict], vocab: GrammarVocab | None, *, parallel: bool) -> str:
     lit = vocab.literal if vocab is not None else json.dumps
-    lines = ["start: call+", f"call: {lit(TOOL_OPEN)} \"call:\" ({' | '.join(f'fn{i}' for i in range(len(functions)))}) {lit(TOOL_CLOSE)}"]  # fmt: skip
+    lines = ["start: call+" if parallel else "start: call", f"call: {lit(TOOL_OPEN)} \"call:\" ({' | '.join(f'fn{i}' for i in range(len(functions)))}) {lit(TOOL_CLOSE)}"]  # fmt: skip
     for i, fn in enumerate(functions):
         name = fn.get("name")
         if not isinstance(name, str) or not name:

@@ -3,7 +3,9 @@
 A task is one agent conversation over /v1/chat/completions with real tool declarations (`TOOLS`).
 Each turn sends the whole conversation with ``tool_choice`` forcing a call — ``"required"``, or one
 named function when `named` is set (rotating through the tools turn by turn) — so even synthetic
-weights, whose free text is noise, produce a call the grammar keeps valid. The client then
+weights, whose free text is noise, produce a call the grammar keeps valid. ``parallel_tool_calls:
+false`` asks for exactly one call, and the tools' strings are bounded (`maxLength`), so a sampled
+call fits in `max_tokens` and the grammar ends the turn. The client then
 "executes" the call: it appends the assistant message with its `tool_calls` and one `tool` message
 per call carrying a synthetic JSON result of `tool_result_tokens` bytes (= tokens under the
 byte-level tokenizer), and the next turn resends everything, so the prompt grows as an agent's does.
@@ -32,7 +34,7 @@ import jsonschema
 
 from harness.load.client import RequestRecord, RequestSpec
 
-_STR = {"type": "string", "maxLength": 32}
+_STR = {"type": "string", "maxLength": 16}
 TOOLS: list[dict] = [
     {"type": "function", "function": {
         "name": "get_weather", "description": "Current weather for a city.",
@@ -47,7 +49,7 @@ TOOLS: list[dict] = [
     {"type": "function", "function": {
         "name": "read_file", "description": "Read lines of a file.",
         "parameters": {"type": "object", "properties": {
-            "path": _STR, "start": {"type": "integer", "minimum": 1}, "count": {"type": "integer", "minimum": 1,
+            "path": _STR, "start": {"type": "integer", "minimum": 1, "maximum": 100000}, "count": {"type": "integer", "minimum": 1,
                                                                                  "maximum": 200}},
             "required": ["path"], "additionalProperties": False}}},
     {"type": "function", "function": {
@@ -66,7 +68,7 @@ class ToolWorkloadConfig:
     input_len: int = 500  # bytes of the first user message
     turns: int = 8
     tool_result_tokens: int = 320
-    max_tokens: int = 256  # room for a whole call; the grammar ends the turn at EOS
+    max_tokens: int = 512  # a whole call even at 16 escaped chars (6 bytes each) per string; EOS ends it
     temperature: float = 1.0
     named: bool = False  # force one named function per turn instead of "required"
     seed: int = 0
@@ -169,7 +171,7 @@ class ToolTask:
         if self.turn >= cfg.turns:
             return None
         body = {"model": cfg.model, "messages": json.loads(json.dumps(self.messages)), "tools": TOOLS,
-                "tool_choice": self.tool_choice(), "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
+                "tool_choice": self.tool_choice(), "parallel_tool_calls": False, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
                 "seed": cfg.seed * 7919 + self.task_id * 131 + self.turn}  # fmt: skip
         return RequestSpec("/v1/chat/completions", body, request_id=f"tool{self.task_id}-{self.turn}",
                            agent_id=self.agent_id, task_id=self.task_id, turn=self.turn)  # fmt: skip

@@ -251,6 +251,14 @@ def test_tool_choice_required_gives_valid_calls(vocab):
     assert names == set(params)
 
 
+def test_single_call_when_not_parallel(vocab):
+    rng = np.random.default_rng(11)
+    grammar = compile_grammar(None, TOOLS, "required", parallel_tool_calls=False)
+    assert grammar.startswith("start: call\n")
+    for _ in range(10):
+        assert len(parse_output(generate(vocab, grammar, rng)).tool_calls) == 1
+
+
 def test_named_tool_choice_and_errors(vocab):
     rng = np.random.default_rng(3)
     grammar = compile_grammar(None, TOOLS, {"type": "function", "function": {"name": "get_weather"}})

@@ -78,3 +78,33 @@ def test_fold_streaming_deltas_by_index():
         call("c0", "get_weather", {"city": "Oslo"}),
         call("c1", "read_file", {"path": "a"}),
     ]
+
+
+def test_forced_calls_fit_max_tokens_and_validate_under_the_grammar():
+    """Random logits (a synthetic model's noise) under the workload's own tool grammar: every reply is
+    one valid call well inside max_tokens, so the workload's valid_rate can be 100%."""
+    import numpy as np
+
+    from g4bench.engine.grammar import BYTE_EOS, byte_vocab, compile_grammar
+    from g4bench.server.tokenizer import ByteTokenizer
+    from g4bench.server.toolcalls import parse_output
+
+    cfg = ToolWorkloadConfig()
+    vocab, tok, rng = byte_vocab(512), ByteTokenizer(512), np.random.default_rng(0)
+    grammar = compile_grammar(None, TOOLS, "required", parallel_tool_calls=False)
+    longest = 0
+    for _ in range(100):
+        matcher, ids = vocab.matcher(grammar), []
+        for _ in range(cfg.max_tokens):
+            allowed = np.flatnonzero(matcher.next_mask())
+            token = int(rng.choice(allowed))
+            if token == BYTE_EOS:
+                break
+            matcher.advance(token)
+            ids.append(token)
+        else:
+            raise AssertionError("call did not end within max_tokens")
+        longest = max(longest, len(ids))
+        check = check_calls(parse_output(tok.decode(ids)).tool_calls)
+        assert check.valid and check.calls == 1, check
+    assert longest < cfg.max_tokens
