@@ -229,9 +229,10 @@ class GrammarMatcher:
         return unpack_bitmask(words, self.vocab.vocab_size)
 
     def advance(self, token: int) -> None:
-        if not self.armed:
-            self._tail = (self._tail + self.vocab.token_bytes[token])[-len(self._trigger) :]
-            if self._tail == self._trigger:
+        trigger = self._trigger
+        if trigger is not None:
+            self._tail = (self._tail + self.vocab.token_bytes[token])[-len(trigger) :]
+            if self._tail == trigger:
                 self._trigger = None
             return
         if not self._m.consume_token(token):

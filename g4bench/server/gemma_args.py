@@ -92,14 +92,14 @@ class _Reader:
         self.skip_ws()
         c = self.peek()
         if c == "{":
-            return self.object()
+            return self.mapping()
         if c == "[":
             return self.array()
         if self.text.startswith(STRING_DELIM, self.pos) or c == '"':
             return self.string()
         return self.bare()
 
-    def object(self) -> dict:
+    def mapping(self) -> dict:
         self.pos += 1  # '{'
         out: dict = {}
         while True:
