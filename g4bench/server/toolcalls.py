@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from g4bench.server.gemma_args import GemmaSyntaxError, parse_call_body
+from g4bench.server.gemma_args import STRING_DELIM, GemmaSyntaxError, parse_call_body
 
 THINK_OPEN, THINK_CLOSE = "<|channel>", "<channel|>"
 TOOL_OPEN, TOOL_CLOSE = "<|tool_call>", "<tool_call|>"
@@ -141,8 +141,8 @@ class OutputParser:
             _emit(out, "reasoning_content", buf[: len(buf) - keep])
             self._buf = buf[len(buf) - keep :]
             return False
-        # "tool": wait for the closing marker, then parse the whole call
-        pos = buf.find(TOOL_CLOSE)
+        # "tool": wait for the closing marker (not one inside a string value), then parse the call
+        pos = _call_end(buf)
         if pos < 0:
             if final:
                 _emit(out, "content", TOOL_OPEN + buf)
@@ -160,6 +160,26 @@ class OutputParser:
         self._calls += 1
         out.append({"tool_calls": [call]})
         return True
+
+
+def _call_end(buf: str) -> int:
+    """Position of the first ``<tool_call|>`` outside ``<|"|>...<|"|>`` and JSON ``"..."`` strings, or -1."""
+    i, quote = 0, None  # quote: the delimiter of the string we are inside, if any
+    while i < len(buf):
+        if quote is None and buf.startswith(TOOL_CLOSE, i):
+            return i
+        if quote != '"' and buf.startswith(STRING_DELIM, i):
+            quote = None if quote == STRING_DELIM else STRING_DELIM
+            i += len(STRING_DELIM)
+            continue
+        c = buf[i]
+        if quote == '"' and c == "\\":
+            i += 2
+            continue
+        if quote != STRING_DELIM and c == '"':
+            quote = None if quote == '"' else '"'
+        i += 1
+    return -1
 
 
 def _emit(out: list[dict], key: str, text: str) -> None:

@@ -102,6 +102,12 @@ FIXTURES = [
         None,
         [("j", {"quoted key": 'json "str"', "n": -0.5})],
     ),
+    (
+        f'<|tool_call>call:echo{{s:{Q}a<tool_call|>b{Q},j:"x<tool_call|>\\"y"}}<tool_call|>',
+        None,
+        None,
+        [("echo", {"s": "a<tool_call|>b", "j": 'x<tool_call|>"y'})],
+    ),
 ]
 
 
