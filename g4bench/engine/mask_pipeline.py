@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from g4bench.engine.grammar import GrammarMatcher, bitmask_words
+from g4bench.engine.grammar import TokenConstraint, bitmask_words
 
 
 class MaskPipeline:
@@ -34,7 +34,7 @@ class MaskPipeline:
     def __init__(self, slots: int, vocab_size: int) -> None:
         self.slots = slots
         self.vocab_size = vocab_size
-        self._matchers: dict[int, GrammarMatcher] = {}
+        self._matchers: dict[int, TokenConstraint] = {}
         shape = (slots, bitmask_words(vocab_size))
         self._buffers = [np.full(shape, -1, np.int32), np.full(shape, -1, np.int32)]
         self._next = 0
@@ -46,7 +46,7 @@ class MaskPipeline:
         """Whether any slot is constrained (else the scheduler uses the unmasked sampler)."""
         return bool(self._matchers)
 
-    def attach(self, slot: int, matcher: GrammarMatcher) -> None:
+    def attach(self, slot: int, matcher: TokenConstraint) -> None:
         if matcher.vocab.vocab_size != self.vocab_size:
             raise ValueError(f"matcher vocab {matcher.vocab.vocab_size} != pipeline vocab {self.vocab_size}")
         self._require_idle()
@@ -56,7 +56,7 @@ class MaskPipeline:
         self._require_idle()
         self._matchers.pop(slot, None)
 
-    def matcher(self, slot: int) -> GrammarMatcher | None:
+    def matcher(self, slot: int) -> TokenConstraint | None:
         return self._matchers.get(slot)
 
     def advance(self, tokens: dict[int, int]) -> None:
@@ -86,7 +86,7 @@ class MaskPipeline:
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
-    def _fill(self, buf: np.ndarray, matchers: dict[int, GrammarMatcher]) -> np.ndarray:
+    def _fill(self, buf: np.ndarray, matchers: dict[int, TokenConstraint]) -> np.ndarray:
         buf.fill(-1)
         for slot, m in matchers.items():
             m.fill_bitmask(buf[slot])

@@ -22,8 +22,8 @@ construction; tests check that for every split point of every fixture.
 Thinking: the channel name (`thought`) and one following newline are dropped. A request whose prompt
 already opened the channel (``<|channel>thought\\n`` primed by the template) starts the parser with
 `in_reasoning=True`. A stray ``<channel|>`` with no open channel is dropped. An unclosed channel at
-the end of the output is reasoning. `ThinkingBudget` is the sampler-side cap: it tells the caller
-when to force ``<channel|>`` (at the first line break past the budget, hard stop at twice it).
+the end of the output is reasoning. The thinking budget is enforced while sampling, through the
+token mask (`g4bench.engine.thinking.ThinkingCap`).
 """
 
 from __future__ import annotations
@@ -217,25 +217,3 @@ def parse_output(
     """Non-streaming: the whole generated text -> content / reasoning_content / tool_calls."""
     parser = OutputParser(in_reasoning=in_reasoning, id_factory=id_factory)
     return assemble(parser.feed(text) + parser.finish())
-
-
-@dataclass
-class ThinkingBudget:
-    """When to force-close an open thought channel (TensorSharp's measured rule, seed 001).
-
-    `budget` tokens after the channel opened, the channel is closed at the first line break;
-    at `2 * budget` tokens it is closed regardless. The caller counts tokens since ``<|channel>``
-    and, when `should_close` says so, feeds the ``<channel|>`` token(s) instead of sampling.
-    `for_max_tokens` is the thinking-off cap: a quarter of max_tokens, at most 64.
-    """
-
-    budget: int
-
-    @classmethod
-    def for_max_tokens(cls, max_tokens: int) -> ThinkingBudget:
-        return cls(budget=max(1, min(64, max_tokens // 4)))
-
-    def should_close(self, tokens_in_channel: int, last_text: str) -> bool:
-        if tokens_in_channel >= 2 * self.budget:
-            return True
-        return tokens_in_channel >= self.budget and "\n" in last_text

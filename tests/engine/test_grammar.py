@@ -281,16 +281,6 @@ def test_mask_bans_off_grammar_ids_and_advance_checks(vocab):
         matcher.advance(ord("x") + 3)
 
 
-def test_dormant_until_thought_channel_closes(vocab):
-    matcher = vocab.matcher(compile_grammar({"type": "json_object"}), arm_after=b"<channel|>")
-    for b in b"thinking <chan":
-        assert matcher.next_mask().all()
-        matcher.advance(b + 3)
-    for b in b"nel|>":
-        matcher.advance(b + 3)
-    assert matcher.armed and matcher.next_mask().sum() == 1  # only '{' (whitespace is not flexible)
-
-
 def test_done_after_complete_value(vocab):
     matcher = vocab.matcher(
         compile_grammar({"type": "json_schema", "json_schema": {"schema": {"enum": ["ab"]}}})

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from g4bench.server.gemma_args import GemmaSyntaxError, gemma_to_json, parse_call_body
-from g4bench.server.toolcalls import OutputParser, ThinkingBudget, assemble, parse_output
+from g4bench.server.toolcalls import OutputParser, assemble, parse_output
 
 Q = '<|"|>'
 
@@ -183,13 +183,3 @@ def test_gemma_args_errors_name_the_problem():
     with pytest.raises(GemmaSyntaxError, match="after the arguments"):
         parse_call_body("call:f{a:1} trailing")
     assert gemma_to_json("{a:[1,],b:{},}") == '{"a": [1], "b": {}}'
-
-
-def test_thinking_budget_closes_at_line_break_then_hard_stop():
-    b = ThinkingBudget.for_max_tokens(256)
-    assert b.budget == 64
-    assert not b.should_close(63, "\n")
-    assert not b.should_close(64, "word")
-    assert b.should_close(64, "end.\n")
-    assert b.should_close(128, "word")
-    assert ThinkingBudget.for_max_tokens(40).budget == 10
