@@ -24,13 +24,13 @@ What is constrained:
   keyword llguidance cannot enforce is an error (`GrammarError`, a 400 for the server); without it,
   such keywords are ignored (llguidance's `lenient` mode), as vLLM does.
 - `tool_choice` ``"required"`` or ``{"type": "function", "function": {"name": N}}`` -> one or more
-  Gemma tool-call blocks ``<|tool_call>call:NAME{json args}<tool_call|>`` whose arguments follow the
+  (exactly one with ``parallel_tool_calls: false``) Gemma tool-call blocks ``<|tool_call>call:NAME{json args}<tool_call|>`` whose arguments follow the
   tool's `parameters` schema. The arguments are written as strict JSON (quoted keys, JSON strings),
   a subset of Gemma's argument syntax that `g4bench.server.gemma_args` reads back. Real checkpoints
   spell the markers as single special tokens when the vocabulary has them (`GrammarVocab.marker_ids`).
   A forced tool call takes precedence over `response_format`. ``"auto"`` / ``"none"`` add nothing.
-- Whitespace inside JSON is fixed (``", "`` and ``": "``), so a sampled model cannot run away in
-  blank space.
+- JSON is compact (no blank space between tokens: ``{"n":6}``), so a sampled model cannot run away
+  in whitespace.
 
 Thinking: `g4bench.engine.thinking.ThinkingCap` wraps a matcher, keeps it dormant while the thought
 channel is open (with a budget that forces ``<channel|>``) and arms it after the channel closes.

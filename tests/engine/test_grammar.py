@@ -234,6 +234,14 @@ def test_json_object_and_strict(vocab):
     assert compile_grammar(None) is None and compile_grammar({"type": "text"}) is None
     with pytest.raises(GrammarError, match="unsupported response_format"):
         compile_grammar({"type": "yaml"})
+    unenforceable = {"type": "object", "not": {"required": ["x"]}}
+    vocab.matcher(
+        compile_grammar({"type": "json_schema", "json_schema": {"schema": unenforceable}})
+    )  # lenient
+    with pytest.raises(GrammarError, match="Unimplemented keys"):
+        vocab.matcher(
+            compile_grammar({"type": "json_schema", "json_schema": {"schema": unenforceable, "strict": True}})
+        )
 
 
 def test_tool_choice_required_gives_valid_calls(vocab):
