@@ -232,7 +232,8 @@ class GrammarMatcher:
             raise GrammarViolation(f"token {token} is not allowed by the grammar: {self._m.get_error()}")
 
     def is_done(self) -> bool:
-        """The grammar finished (only EOS can follow, or EOS was consumed)."""
+        """The grammar finished (only EOS can follow, or EOS was consumed). Computes a mask: for
+        tests and diagnostics, not per step - the scheduler needs no check, the mask forces EOS."""
         return self._m.is_stopped() or (self._m.is_accepting() and not self._more_allowed())
 
     def is_accepting(self) -> bool:
