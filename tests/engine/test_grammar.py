@@ -19,6 +19,7 @@ from g4bench.engine.grammar import (
     BYTE_EOS,
     GrammarError,
     GrammarViolation,
+    apply_bool_mask,
     apply_token_bitmask,
     bitmask_words,
     byte_vocab,
@@ -312,6 +313,8 @@ def test_device_bitmask_matches_host_unpack():
         expect = np.where(unpack_bitmask(words, vocab_size), logits, -np.inf)
         np.testing.assert_array_equal(out, expect)
         np.testing.assert_array_equal(out[1], logits[1])
+        unpacked = jnp.asarray(unpack_bitmask(words, vocab_size))
+        np.testing.assert_array_equal(np.asarray(apply_bool_mask(jnp.asarray(logits), unpacked)), expect)
 
 
 def test_full_size_byte_vocab_masks_unused_ids():
