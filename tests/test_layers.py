@@ -10,8 +10,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("g4bench", "harness")
 CORE = ("g4bench.model", "g4bench.engine", "g4bench.server")
@@ -66,7 +64,6 @@ def test_nothing_below_the_cli_imports_it():
     assert bad == []
 
 
-@pytest.mark.xfail(strict=True, reason="harness/load/server.py still starts `g4bench serve` by flag names")
 def test_the_harness_starts_a_server_through_a_function():
     for name, path in modules().items():
         if name.startswith("harness"):

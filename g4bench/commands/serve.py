@@ -91,104 +91,30 @@ def serve(
         raise typer.BadParameter(f"--kv-dtype must be bf16 or int8, got {kv_dtype!r}")
     if sliding_kv not in ("ring", "full"):
         raise typer.BadParameter(f"--sliding-kv must be ring or full, got {sliding_kv!r}")
-    for name, value in {
-        "--max-waiting": max_waiting + 1, "--max-connections": max_connections, "--idle-timeout": idle_timeout,
-        "--shutdown-timeout": shutdown_timeout,
-    }.items():  # fmt: skip
-        if value <= 0:
-            raise typer.BadParameter(f"{name} must be {'>= 0' if name == '--max-waiting' else '> 0'}")
-
-    import logging
-    import socket
-    import threading
-
-    from rich.console import Console
-
-    from g4bench.server.security import is_loopback, resolve_api_key
-    from g4bench.server.settings import LOOPBACK_HOSTS, ServerSettings
+    from g4bench.server.launch import LaunchSpec, run_server
+    from g4bench.server.security import resolve_api_key
 
     try:
         key = resolve_api_key(api_key, api_key_file)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from err
-    loopback = is_loopback(host)
-    hosts = frozenset(allowed_host or ())
-    from g4bench.server.transport import StopOnEngineFailure
-
-    stop_on_failure = StopOnEngineFailure() if exit_on_engine_failure else None
-    try:
-        settings = ServerSettings(
+        spec = LaunchSpec(
+            model=model, kv_dtype=kv_dtype, max_slots=max_slots, max_len=max_len, chunk_size=chunk_size,
+            sliding_kv=sliding_kv, host=host, port=port, protect_docs=protect_docs,
+            allowed_hosts=tuple(allowed_host or ()), max_waiting=max_waiting, max_body_bytes=max_body_bytes,
+            body_timeout_s=body_timeout, queue_timeout_s=queue_timeout, request_timeout_s=request_timeout,
+            engine_stall_s=engine_stall_timeout, exit_on_engine_failure=exit_on_engine_failure,
+            max_connections=max_connections, idle_timeout_s=idle_timeout, shutdown_timeout_s=shutdown_timeout,
+            served_model_name=served_model_name,
+        )  # fmt: skip
+        ServerSettings(
             max_body_bytes=max_body_bytes,
             body_timeout_s=body_timeout,
             queue_timeout_s=queue_timeout,
             request_timeout_s=request_timeout,
             engine_stall_s=engine_stall_timeout,
             api_key=key,
-            protect_docs=protect_docs,
-            allowed_hosts=(LOOPBACK_HOSTS | hosts) if loopback else (hosts or None),
-            on_engine_failure=stop_on_failure,
-        )
+        )  # validates the limits before the model loads
     except ValueError as err:
         raise typer.BadParameter(str(err)) from err
-
-    from g4bench.engine.engine import EngineConfig
-    from g4bench.engine.loading import load_engine
-    from g4bench.engine.scheduler import Scheduler
-    from g4bench.server.app import create_app
-    from g4bench.server.tokenizer import load_tokenizer
-    from g4bench.server.transport import make_server, raise_fd_limit
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    console = Console(stderr=True)
-    if not loopback and key is None:
-        console.print(
-            f"[bold red]warning[/]: binding {host} (reachable from other machines) without an API key; "
-            f"set ${API_KEY_ENV} or --api-key-file"
-        )
-    ecfg = EngineConfig(
-        max_slots=max_slots, max_len=max_len, kv_dtype=kv_dtype, sliding_kv=sliding_kv, chunk_size=chunk_size
-    )
-    console.print(f"[bold]g4bench serve[/]: loading {model} ({ecfg})")
-    engine, tokenizer_dir = load_engine(model, ecfg)
-    tokenizer = load_tokenizer(tokenizer_dir, engine.cfg.vocab_size)
-    name = served_model_name or model
-    scheduler = Scheduler(engine, max_waiting=max_waiting)
-    app = create_app(scheduler, tokenizer, name, settings)
-    fds = raise_fd_limit()
-    server = make_server(
-        app,
-        head_timeout_s=idle_timeout,
-        graceful_shutdown_s=shutdown_timeout,
-        max_connections=max_connections,
-    )
-    if stop_on_failure is not None:
-        stop_on_failure.server = server
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    bound_host, bound_port = sock.getsockname()[:2]
-    console.print(
-        f"serving [bold]{name}[/] on http://{bound_host}:{bound_port}/v1 "
-        f"(tokenizer: {tokenizer_dir or 'synthetic'}, {max_slots} slots x {max_len} positions, "
-        f"KV {kv_dtype}/{sliding_kv}, chunk {chunk_size}, {max_connections} connections, "
-        f"{fds} open files{', API key required' if key else ''}); /health is 503 until warm-up is done"
-    )
-
-    def announce_ready() -> None:
-        if scheduler.wait_ready(timeout=24 * 3600):
-            console.print(f"[green]ready[/]: warm-up took {scheduler.warmup_s or 0.0:.1f} s")
-        else:
-            console.print(f"[red]engine loop failed[/]: {scheduler.error!r}")
-
-    scheduler.start()
-    threading.Thread(target=announce_ready, daemon=True).start()
-    try:
-        server.run(sockets=[sock])
-    finally:
-        scheduler.stop(timeout=shutdown_timeout)
-        sock.close()
-    if stop_on_failure is not None and stop_on_failure.reason is not None:
-        console.print(f"[red]exiting: {stop_on_failure.reason}[/]")
-        raise typer.Exit(code=3)
+    code = run_server(spec, api_key=key)
+    if code:
+        raise typer.Exit(code=code)

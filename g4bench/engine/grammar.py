@@ -82,6 +82,10 @@ class GrammarVocab:
     def matcher(self, grammar: str) -> GrammarMatcher:
         return GrammarMatcher(self, grammar)
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of `ids` as this vocabulary spells it (special and unused ids give nothing)."""
+        return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
+
     def literal(self, text: str) -> str:
         """A Lark terminal for `text`: the special token when the vocabulary has it, else the string."""
         token = self.marker_ids.get(text)
@@ -89,7 +93,9 @@ class GrammarVocab:
 
 
 def byte_vocab(vocab_size: int) -> GrammarVocab:
-    """The synthetic models' byte tokenizer: ids 3..258 are bytes, 0-2 and >= 259 never match text."""
+    """A byte vocabulary: ids 3..258 are bytes, 0-2 and >= 259 never match text. (The synthetic
+    models' tokenizer, g4bench/server/synthetic_tokenizer.py, shares ids 3..130 with it but gives
+    text to every id; a vocabulary built from its pieces is part of the server integration.)"""
     if vocab_size < 256 + BYTE_OFFSET:
         raise ValueError(f"a byte vocabulary needs vocab_size >= 259, got {vocab_size}")
     names = [b"\xff[pad]", b"\xff[eos]", b"\xff[bos]"]

@@ -44,12 +44,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def serve_command(model: str, max_slots: int, max_len: int, port: int) -> list[str]:
-    """The child command line (`python -c` so it works without the console script on PATH)."""
-    return [
-        sys.executable, "-c", "from g4bench.cli import app; app()", "serve",
-        "--model", model, "--max-slots", str(max_slots), "--max-len", str(max_len),
-        "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
+    """The child command line: `g4bench.server.launch` run with a `LaunchSpec` (by value, not by the
+    serve command's flag names), loopback only."""
+    from g4bench.server.launch import LaunchSpec
+
+    spec = LaunchSpec(model=model, max_slots=max_slots, max_len=max_len, host="127.0.0.1", port=port)
+    return [sys.executable, "-m", "g4bench.server.launch", spec.to_json()]
 
 
 def _tail(path: Path, n: int = 20) -> str:

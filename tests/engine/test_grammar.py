@@ -27,7 +27,6 @@ from g4bench.engine.grammar import (
     hf_vocab,
     unpack_bitmask,
 )
-from g4bench.server.tokenizer import ByteTokenizer
 from g4bench.server.toolcalls import parse_output
 
 S = {"type": "string", "maxLength": 24}
@@ -208,10 +207,10 @@ def generate(vocab, grammar: str, rng: np.random.Generator, max_tokens: int = 60
         p = np.exp(logits - logits.max())
         token = int(allowed[rng.choice(len(allowed), p=p / p.sum())])
         if token == BYTE_EOS:
-            return ByteTokenizer(vocab.vocab_size).decode(ids)
+            return vocab.decode(ids)
         matcher.advance(token)
         ids.append(token)
-    raise AssertionError(f"no EOS within {max_tokens} tokens: {ByteTokenizer(512).decode(ids)[:200]!r}")
+    raise AssertionError(f"no EOS within {max_tokens} tokens: {byte_vocab(512).decode(ids)[:200]!r}")
 
 
 def test_json_schema_outputs_all_validate(vocab):

@@ -8,11 +8,10 @@ import numpy as np
 
 from g4bench.engine.grammar import BYTE_EOS, byte_vocab, compile_grammar
 from g4bench.engine.thinking import ThinkingCap, budget_for_max_tokens
-from g4bench.server.tokenizer import ByteTokenizer
 from g4bench.server.toolcalls import parse_output
 
 VOCAB = byte_vocab(512)
-TOK = ByteTokenizer(512)
+TOK = VOCAB
 
 
 def run(cap: ThinkingCap, want: bytes, steps: int, rng: np.random.Generator) -> str:

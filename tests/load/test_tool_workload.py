@@ -86,11 +86,11 @@ def test_forced_calls_fit_max_tokens_and_validate_under_the_grammar():
     import numpy as np
 
     from g4bench.engine.grammar import BYTE_EOS, byte_vocab, compile_grammar
-    from g4bench.server.tokenizer import ByteTokenizer
     from g4bench.server.toolcalls import parse_output
 
     cfg = ToolWorkloadConfig()
-    vocab, tok, rng = byte_vocab(512), ByteTokenizer(512), np.random.default_rng(0)
+    vocab, rng = byte_vocab(512), np.random.default_rng(0)
+    tok = vocab
     grammar = compile_grammar(None, TOOLS, "required", parallel_tool_calls=False)
     longest = 0
     for _ in range(100):

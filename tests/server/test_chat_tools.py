@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from g4bench.server.chat import TemplateError, render_byte_template
+from g4bench.server.chat import TemplateError, render_synthetic_template
 from g4bench.server.chat_tools import render_tools_prompt, to_gemma
 from g4bench.server.gemma_args import gemma_to_json
 from g4bench.server.toolcalls import parse_output
@@ -66,8 +66,8 @@ def test_answer_after_results_closes_the_model_turn():
 def test_plain_conversations_match_the_byte_template():
     conv = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"},
             {"role": "assistant", "content": "yo"}, {"role": "user", "content": "again"}]  # fmt: skip
-    assert render_tools_prompt(conv) == render_byte_template(conv)
-    assert render_tools_prompt(conv[1:]) == render_byte_template(conv[1:])
+    assert render_tools_prompt(conv) == render_synthetic_template(conv)
+    assert render_tools_prompt(conv[1:]) == render_synthetic_template(conv[1:])
 
 
 def test_history_calls_parse_back():

@@ -1,0 +1,191 @@
+"""Start a server from one `LaunchSpec`: load the engine, build the app, bind, run until stopped.
+
+Data flow::
+
+    LaunchSpec (model, engine shape, limits, security) ──run_server──▶
+        load_engine → tokenizer → Scheduler → create_app(ServerSettings) → transport.make_server
+        bind the socket, print what is served where, run uvicorn until SIGINT/SIGTERM
+        ──▶ exit status: 0, or 3 when the engine died or stalled (`exit_on_engine_failure`)
+
+Two callers: the `g4bench serve` command (which maps its flags onto a spec) and the harness, which
+starts a server for a load test as a child process with ``python -m g4bench.server.launch
+'<spec json>'`` — a function call by value, never through the command line's flag names. The API
+key never travels in the spec (it would show in `ps`): the child reads it from $G4BENCH_API_KEY.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, fields
+from typing import Any
+
+from g4bench.server.settings import API_KEY_ENV, ServerSettings
+
+DEFAULTS = ServerSettings()
+ENGINE_FAILURE_EXIT = 3
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything one server is started with (the key aside: see the module docstring)."""
+
+    model: str = "e2b"
+    kv_dtype: str = "bf16"
+    max_slots: int = 8
+    max_len: int = 8192
+    chunk_size: int = 256
+    sliding_kv: str = "ring"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    protect_docs: bool = False
+    allowed_hosts: tuple[str, ...] = ()
+    max_waiting: int = 64
+    max_body_bytes: int = DEFAULTS.max_body_bytes
+    body_timeout_s: float = DEFAULTS.body_timeout_s
+    queue_timeout_s: float = DEFAULTS.queue_timeout_s
+    request_timeout_s: float = DEFAULTS.request_timeout_s
+    engine_stall_s: float = DEFAULTS.engine_stall_s
+    exit_on_engine_failure: bool = True
+    max_connections: int = 1000
+    idle_timeout_s: float = 10.0
+    shutdown_timeout_s: float = 5.0
+    served_model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kv_dtype not in ("bf16", "int8"):
+            raise ValueError(f"kv_dtype must be bf16 or int8, got {self.kv_dtype!r}")
+        if self.sliding_kv not in ("ring", "full"):
+            raise ValueError(f"sliding_kv must be ring or full, got {self.sliding_kv!r}")
+        if self.max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        positive = {"max_connections": self.max_connections, "idle_timeout_s": self.idle_timeout_s,
+                    "shutdown_timeout_s": self.shutdown_timeout_s}  # fmt: skip
+        for name, value in positive.items():
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+
+    def to_json(self) -> str:
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)})
+
+    @classmethod
+    def from_json(cls, text: str) -> LaunchSpec:
+        data: dict[str, Any] = json.loads(text)
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown launch settings {sorted(unknown)}")
+        if "allowed_hosts" in data:
+            data["allowed_hosts"] = tuple(data["allowed_hosts"])
+        return cls(**data)
+
+
+def run_server(spec: LaunchSpec, api_key: str | None = None, console: Any = None) -> int:
+    """Serve until stopped; returns the exit status (ENGINE_FAILURE_EXIT after an engine failure)."""
+    import logging
+    import socket
+    import threading
+
+    from rich.console import Console
+
+    from g4bench.engine.engine import EngineConfig
+    from g4bench.engine.loading import load_engine
+    from g4bench.engine.scheduler import Scheduler
+    from g4bench.server.app import create_app
+    from g4bench.server.security import is_loopback
+    from g4bench.server.settings import LOOPBACK_HOSTS
+    from g4bench.server.tokenizer import load_tokenizer
+    from g4bench.server.transport import StopOnEngineFailure, make_server, raise_fd_limit
+
+    console = console or Console(stderr=True)
+    loopback = is_loopback(spec.host)
+    hosts = frozenset(spec.allowed_hosts)
+    stop_on_failure = StopOnEngineFailure() if spec.exit_on_engine_failure else None
+    settings = ServerSettings(
+        max_body_bytes=spec.max_body_bytes,
+        body_timeout_s=spec.body_timeout_s,
+        queue_timeout_s=spec.queue_timeout_s,
+        request_timeout_s=spec.request_timeout_s,
+        engine_stall_s=spec.engine_stall_s,
+        api_key=api_key,
+        protect_docs=spec.protect_docs,
+        allowed_hosts=(LOOPBACK_HOSTS | hosts) if loopback else (hosts or None),
+        on_engine_failure=stop_on_failure,
+    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not loopback and api_key is None:
+        console.print(
+            f"[bold red]warning[/]: binding {spec.host} (reachable from other machines) without an API key; "
+            f"set ${API_KEY_ENV} or --api-key-file"
+        )
+    ecfg = EngineConfig(
+        max_slots=spec.max_slots,
+        max_len=spec.max_len,
+        kv_dtype=spec.kv_dtype,
+        sliding_kv=spec.sliding_kv,
+        chunk_size=spec.chunk_size,
+    )
+    console.print(f"[bold]g4bench serve[/]: loading {spec.model} ({ecfg})")
+    engine, tokenizer_dir = load_engine(spec.model, ecfg)
+    tokenizer = load_tokenizer(tokenizer_dir, engine.cfg.vocab_size)
+    name = spec.served_model_name or spec.model
+    scheduler = Scheduler(engine, max_waiting=spec.max_waiting)
+    app = create_app(scheduler, tokenizer, name, settings)
+    fds = raise_fd_limit()
+    server = make_server(
+        app,
+        head_timeout_s=spec.idle_timeout_s,
+        graceful_shutdown_s=spec.shutdown_timeout_s,
+        max_connections=spec.max_connections,
+    )
+    if stop_on_failure is not None:
+        stop_on_failure.server = server
+
+    family = socket.AF_INET6 if ":" in spec.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((spec.host, spec.port))
+    bound_host, bound_port = sock.getsockname()[:2]
+    console.print(
+        f"serving [bold]{name}[/] on http://{bound_host}:{bound_port}/v1 "
+        f"(tokenizer: {tokenizer_dir or 'synthetic'}, {spec.max_slots} slots x {spec.max_len} positions, "
+        f"KV {spec.kv_dtype}/{spec.sliding_kv}, chunk {spec.chunk_size}, {spec.max_connections} connections, "
+        f"{fds} open files{', API key required' if api_key else ''}); /health is 503 until warm-up is done"
+    )
+
+    def announce_ready() -> None:
+        if scheduler.wait_ready(timeout=24 * 3600):
+            console.print(f"[green]ready[/]: warm-up took {scheduler.warmup_s or 0.0:.1f} s")
+        else:
+            console.print(f"[red]engine loop failed[/]: {scheduler.error!r}")
+
+    scheduler.start()
+    threading.Thread(target=announce_ready, daemon=True).start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        scheduler.stop(timeout=spec.shutdown_timeout_s)
+        sock.close()
+    if stop_on_failure is not None and stop_on_failure.reason is not None:
+        console.print(f"[red]exiting: {stop_on_failure.reason}[/]")
+        return ENGINE_FAILURE_EXIT
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m g4bench.server.launch '<LaunchSpec json>'`` (the key from $G4BENCH_API_KEY)."""
+    import os
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m g4bench.server.launch '<LaunchSpec json>'\n")
+        return 2
+    try:
+        spec = LaunchSpec.from_json(args[0])
+    except (ValueError, TypeError) as err:
+        sys.stderr.write(f"bad launch spec: {err}\n")
+        return 2
+    return run_server(spec, api_key=os.environ.get(API_KEY_ENV) or None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
