@@ -192,6 +192,8 @@ class Engine:
     def set_block_table(self, slot: int, group: str, ids: Sequence[int]) -> None:
         """Paged: name the physical blocks of `slot`'s logical blocks 0.. in `group` ("full" or
         "window"); the rest of the row becomes the null block 0."""
+        # Calls get copies of the tables: on the CPU jnp.asarray may alias a numpy buffer, and a
+        # dispatched step may still be reading it when the next table update lands.
         row = self.tables[group][slot]
         if len(ids) > row.size:
             raise ValueError(f"{len(ids)} blocks exceed the table length {row.size}")
@@ -235,7 +237,7 @@ class Engine:
             jnp.asarray([start], jnp.int32),
             jnp.asarray([n], jnp.int32),
             jnp.asarray(slot, jnp.int32),
-            {g: jnp.asarray(t[slot : slot + 1]) for g, t in self.tables.items()},
+            {g: jnp.asarray(t[slot : slot + 1].copy()) for g, t in self.tables.items()},
             kv_len=kv_len,
         )
         self.last_logits = logits
@@ -256,7 +258,7 @@ class Engine:
             jnp.asarray(tokens, jnp.int32),
             jnp.asarray(positions),
             jnp.asarray(active),
-            {g: jnp.asarray(t) for g, t in self.tables.items()},
+            {g: jnp.asarray(t.copy()) for g, t in self.tables.items()},
             kv_len=kv_len,
         )
         self.last_logits = logits
