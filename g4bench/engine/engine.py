@@ -67,15 +67,10 @@ class EngineConfig:
             raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
         if self.max_slots < 1 or self.max_len < 1 or self.chunk_size < 1:
             raise ValueError("max_slots, max_len and chunk_size must be positive")
-        if self.paged:
-            bad = [b for b in self.kv_buckets if b % self.block_size]
-            if self.block_size < 1 or bad:
-                raise ValueError(
-                    f"paged KV: block_size {self.block_size} must divide max_len and every KV bucket "
-                    f"(min_kv_bucket {self.min_kv_bucket}, max_len {self.max_len})"
-                )
-            if self.kv_blocks is not None and self.kv_blocks < self.max_len // self.block_size:
-                raise ValueError(f"kv_blocks {self.kv_blocks} cannot hold one max_len sequence")
+        if self.paged and self.block_size < 1:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.paged and self.kv_blocks is not None and self.kv_blocks < -(-self.max_len // self.block_size):
+            raise ValueError(f"kv_blocks {self.kv_blocks} cannot hold one max_len sequence")
 
     @property
     def paged(self) -> bool:
@@ -84,7 +79,7 @@ class EngineConfig:
     def window_blocks_per_seq(self, cfg: ModelConfig) -> int:
         """Paged: the most window blocks one sequence holds at once (keys within W of a chunk)."""
         return min(
-            self.max_len // self.block_size,
+            -(-self.max_len // self.block_size),
             window_read_blocks(cfg.sliding_window, self.chunk_size, self.block_size),
         )
 
@@ -92,7 +87,7 @@ class EngineConfig:
         ring = self.sliding_kv == "ring"
         if not self.paged:
             return CacheLayout(max_len=self.max_len, kv_dtype=self.kv_dtype, ring=ring)
-        full = self.kv_blocks or self.max_slots * (self.max_len // self.block_size)
+        full = self.kv_blocks or self.max_slots * -(-self.max_len // self.block_size)
         windowed = (
             ring
             and cfg.sliding_window < self.max_len

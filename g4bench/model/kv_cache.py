@@ -56,8 +56,8 @@ class CacheLayout:
     def __post_init__(self) -> None:
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {sorted(KV_DTYPES)}, got {self.kv_dtype!r}")
-        if self.paged and (self.block_size < 1 or self.max_len % self.block_size):
-            raise ValueError(f"max_len {self.max_len} must be a multiple of block_size {self.block_size}")
+        if self.paged and self.block_size < 1:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.paged and self.blocks < 2:
             raise ValueError(
                 f"a paged cache needs at least 2 blocks (one is the null block), got {self.blocks}"
@@ -65,8 +65,8 @@ class CacheLayout:
 
     @property
     def table_len(self) -> int:
-        """Logical blocks per sequence (paged): max_len / block_size."""
-        return self.max_len // self.block_size
+        """Logical blocks per sequence (paged): ⌈max_len / block_size⌉."""
+        return -(-self.max_len // self.block_size)
 
     def group_of(self, cfg: ModelConfig, layer: int) -> str:
         """Paged: which block table and pool size a layer uses ("full" or "window")."""

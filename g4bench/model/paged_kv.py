@@ -14,11 +14,11 @@ hd]) and return each key's logical position, so the caller's causal and window m
 whatever the padding, bucket or block boundaries (the reference engine's window-vs-padding bug
 cannot occur here either). Two read shapes:
 
-- full: the first kv_len / bs logical blocks (kv_len a multiple of bs; entries past the sequence
-  name the null block and fall behind the causal mask);
+- full: the first ⌈kv_len / bs⌉ logical blocks (entries past the sequence name the null block,
+  and every key past it falls behind the causal mask);
 - window (sliding layers whose sequences hold only the blocks their queries can still see): the
   nb = (W + T − 2) // bs + 2 logical blocks from (start − W + 1) // bs, which cover every key
-  within W of a query at start .. start + T − 1. When that is no fewer blocks than kv_len / bs the
+  within W of a query at start .. start + T − 1. When that is no fewer blocks than the full read the
   full read is used instead (short contexts).
 """
 
@@ -68,7 +68,7 @@ def paged_update_and_read(
         update = as_bits(jnp.swapaxes(new[name], 1, 2).astype(arr.dtype))
         written[name] = from_bits(as_bits(arr).at[blk, :, off].set(update, mode="drop"), arr.dtype)
 
-    nb = kv_len // bs
+    nb = min(MB, -(-kv_len // bs))
     base = jnp.zeros((B,), jnp.int32)
     if window is not None and window_read_blocks(window, T, bs) < nb:
         nb = window_read_blocks(window, T, bs)
