@@ -24,6 +24,9 @@ def serve(
         int, typer.Option(help="Prefill tokens per engine call (bounds decode stalls)")
     ] = 256,
     sliding_kv: Annotated[str, typer.Option(help="Sliding-layer KV: ring (window-sized) | full")] = "ring",
+    kv_layout: Annotated[
+        str, typer.Option(help="KV layout: paged (blocks shared across requests) | contiguous (per slot)")
+    ] = "paged",
     host: Annotated[str, typer.Option(help="Address to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind (0: any free port)")] = 8000,
     api_key: Annotated[str | None, typer.Option(help="Require `Authorization: Bearer KEY` on /v1/*")] = None,
@@ -37,6 +40,8 @@ def serve(
         raise typer.BadParameter(f"--kv-dtype must be bf16 or int8, got {kv_dtype!r}")
     if sliding_kv not in ("ring", "full"):
         raise typer.BadParameter(f"--sliding-kv must be ring or full, got {sliding_kv!r}")
+    if kv_layout not in ("paged", "contiguous"):
+        raise typer.BadParameter(f"--kv-layout must be paged or contiguous, got {kv_layout!r}")
 
     import logging
     import socket
@@ -54,7 +59,12 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     console = Console(stderr=True)
     ecfg = EngineConfig(
-        max_slots=max_slots, max_len=max_len, kv_dtype=kv_dtype, sliding_kv=sliding_kv, chunk_size=chunk_size
+        max_slots=max_slots,
+        max_len=max_len,
+        kv_dtype=kv_dtype,
+        sliding_kv=sliding_kv,
+        chunk_size=chunk_size,
+        kv_layout=kv_layout,
     )
     console.print(f"[bold]g4bench serve[/]: loading {model} ({ecfg})")
     engine, tokenizer_dir = load_engine(model, ecfg)

@@ -297,7 +297,8 @@ class BlockCache:
 
     # ------------------------------------------------------------------ metrics
     def stats(self) -> dict[str, float]:
-        """Hit rate over prompt tokens and each pool's blocks: used (referenced), cached, free."""
+        """Hit rate over prompt tokens and each pool's blocks: used (referenced by a running request),
+        cached (held by the index only), free."""
         out = {
             "prompt_tokens": self.prompt_tokens,
             "hit_tokens": self.hit_tokens,
@@ -306,8 +307,9 @@ class BlockCache:
         for name, pool in (("full", self.full), ("window", self.win)):
             if pool is None:
                 continue
+            owned = list(pool.owner)  # one atomic copy: /metrics reads this from another thread
             free = len(pool.free)
-            cached = len(pool.owner) - sum(1 for b in pool.owner if pool.refs[b])
+            cached = sum(1 for b in owned if pool.refs[b] == 0)
             out[f"{name}_blocks"] = pool.size
             out[f"{name}_blocks_free"] = free
             out[f"{name}_blocks_cached"] = cached

@@ -110,6 +110,24 @@ def test_eviction_under_block_pressure_stays_exact(make):
     assert_all_released(sched)
 
 
+def test_metrics_show_hit_rate_and_pool_occupancy(make):
+    from g4bench.server.metrics import ServerMetrics
+
+    engine, sched = make(max_slots=2, window=8)
+    metrics = ServerMetrics(sched, "fake")
+    system = prompt_of(5, 40)
+    run(sched, system + [9, 9])
+    run(sched, system + [8, 8, 8])
+    assert_all_released(sched)
+    text = metrics.render().decode()
+    assert f"g4bench_prefix_cache_hit_rate {40 / 85}" in text
+    stats = sched.table.stats()
+    # 47 fed tokens: 11 whole blocks; the second request shares 10 and adds 2 (48 fed tokens)
+    assert stats["full_blocks_used"] == 0 and stats["full_blocks_cached"] == 11 + 2
+    assert f'g4bench_kv_blocks{{group="full",state="cached"}} {stats["full_blocks_cached"]:.1f}' in text
+    assert 'g4bench_kv_blocks{group="window",state="free"}' in text
+
+
 # ---------------------------------------------------------------------------- the index itself
 def make_cache(window=None, full_blocks=33, window_blocks=0, bs=4):
     tables = {}
