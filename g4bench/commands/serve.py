@@ -27,6 +27,12 @@ def serve(
     kv_layout: Annotated[
         str, typer.Option(help="KV layout: paged (blocks shared across requests) | contiguous (per slot)")
     ] = "paged",
+    cached_windows: Annotated[
+        int,
+        typer.Option(
+            help="Paged: sliding-layer windows kept cached per slot (finished conversations, shared prefixes)"
+        ),
+    ] = 4,
     host: Annotated[str, typer.Option(help="Address to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind (0: any free port)")] = 8000,
     api_key: Annotated[str | None, typer.Option(help="Require `Authorization: Bearer KEY` on /v1/*")] = None,
@@ -65,6 +71,7 @@ def serve(
         sliding_kv=sliding_kv,
         chunk_size=chunk_size,
         kv_layout=kv_layout,
+        cached_windows=cached_windows,
     )
     console.print(f"[bold]g4bench serve[/]: loading {model} ({ecfg})")
     engine, tokenizer_dir = load_engine(model, ecfg)
