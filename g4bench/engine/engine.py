@@ -11,7 +11,18 @@ jitted programs (JetStream's prefill / insert / generate split, folded into slot
 - decode: all slots, one token each, attending over the KV length bucket that covers the longest
   active sequence (a ring for sliding layers), sampling on the device so the host reads back one
   token id per slot;
-- copy_slot: one slot's KV into another (prefix sharing).
+- copy_slot: one slot's KV into another (contiguous prefix sharing).
+
+KV layouts (`EngineConfig.kv_layout`). "paged" (the default, the server's): one pool of
+`block_size`-token blocks per KV-owning layer and per-slot block tables (g4bench/model/paged_kv.py);
+the scheduler's BlockCache points tables at shared blocks, so a prefix computed in any slot serves
+every other (g4bench/engine/block_cache.py). The "full" group has `kv_blocks` blocks (default
+max_slots × max_len / block_size, the contiguous cache's size); with ring sliding KV the sliding
+layers form a "window" group sized for each slot's working window (W + chunk) plus
+`cached_windows` windows per slot of cache. Until a block manager sets them, the tables partition
+the pools statically (slot s's own blocks, a ring of blocks for the window group), so the paged
+engine computes exactly what the contiguous one does (tests/engine/test_engine.py runs both).
+"contiguous": `max_slots` rows of `max_len` positions (or a ring), prefix reuse by slot copies.
 
 Buckets bound the number of compiles (`warmup()` compiles them all and reports the time). The cache
 is donated to each call (`donate=True`), so a step updates it in place; `donate=False` is the

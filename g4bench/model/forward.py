@@ -22,6 +22,8 @@ prefill that only needs the next token runs them on the last real position alone
 Key positions are logical: full-length caches index by position; a sliding ring holds position p in
 entry p mod W, and each entry's position is recomputed from the row's start, so masks are exact
 whatever the padding or bucket size (the reference engine's window-vs-padding bug cannot occur).
+A paged cache (g4bench/model/paged_kv.py) is written and read through block tables, and returns
+key positions the same way, so the masks below serve both layouts.
 """
 
 from __future__ import annotations
