@@ -36,9 +36,10 @@ def window_read_blocks(window: int, tokens: int, block_size: int) -> int:
 
 
 def _gather(pool: jax.Array, ids: jax.Array) -> jax.Array:
-    """pool [NB, kvh, bs(, d)], ids [B, nb] → [B, kvh, nb·bs(, d)]."""
-    g = jnp.moveaxis(pool[ids], 2, 1)  # [B, kvh, nb, bs(, d)]
-    return g.reshape(g.shape[0], g.shape[1], g.shape[2] * g.shape[3], *g.shape[4:])
+    """pool [NB, kvh, bs(, d)], ids [B, nb] → [B, kvh, nb·bs(, d)], gathered through the integer
+    view of a bf16 pool (XLA:CPU would otherwise convert the bf16 data on the way)."""
+    g = jnp.moveaxis(as_bits(pool)[ids], 2, 1)  # [B, kvh, nb, bs(, d)]
+    return from_bits(g.reshape(g.shape[0], g.shape[1], g.shape[2] * g.shape[3], *g.shape[4:]), pool.dtype)
 
 
 def paged_update_and_read(
