@@ -188,4 +188,6 @@ def test_admission_counts_a_shared_prefix_once() -> None:
     plain, shared = sorted(rows, key=lambda r: r["shared_prefix"])
     row, s, over, limit = plain["row_bytes"], 4096 * 6144, plain["overhead_bytes"], 33_543_694_581
     assert shared["need_bytes"] == over + s + 8 * (row - s)
-    assert shared["max_agents"] == (limit - over - s) // (row - s) > plain["max_agents"] == (limit - over) // row
+    assert (
+        shared["max_agents"] == (limit - over - s) // (row - s) > plain["max_agents"] == (limit - over) // row
+    )
