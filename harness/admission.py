@@ -13,6 +13,16 @@ and each fleet cell is arithmetic on top of it:
     headroom     = limit − need  (bytes, and % of the limit)
     max_agents(C) = ⌊(limit − overhead) ÷ row(C)⌋
 
+With a shared prefix of S tokens (`--shared-prefix`: every agent's context starts with the same S
+tokens, as with a common system prompt), the paged engine keeps those blocks once:
+
+    shared(S)     = S · b          b = bytes per position of the layers that keep every position
+                                   (full-attention layers; sliding ones too unless they are a ring)
+    need(N, C, S) = overhead + shared(S) + N · (row(C) − shared(S))
+
+A ring's sliding window is per agent either way. Block rounding (under one block per agent) and
+the paged engine's cached-window reserve are not counted.
+
 The overhead is taken at the ceiling batch, where the temporaries that scale with the batch
 (logits, sampling) are largest, so a smaller fleet is judged conservatively. A (dtype, sliding)
 pair without a measured ceiling falls back to weights only and says so (`overhead_source`).
@@ -30,6 +40,7 @@ AGENT_CTX = (4096, 8192, 16384, 32768)
 CSV_FIELDS = (
     "model", "target", "kv_dtype", "sliding_kv", "agents", "agent_ctx", "row_bytes", "overhead_bytes",
     "overhead_source", "need_bytes", "limit_bytes", "fits", "headroom_bytes", "headroom_pct", "max_agents",
+    "shared_prefix", "shared_bytes",
 )  # fmt: skip
 
 
@@ -55,14 +66,28 @@ def overhead_of(ceiling: dict[str, Any]) -> int | None:
     return None if peak is None else int(peak) - int(ceiling["kv_bytes"])
 
 
-def admission_cell(overhead: int, row: int, agents: int, limit: int) -> dict[str, Any]:
-    need = overhead + agents * row
+def shared_bytes(model: str, kv_dtype: str, sliding: str, ctx: int, shared: int) -> int:
+    """Bytes of `shared` positions kept once for every agent (0 when shared is 0): the positions'
+    cost in the layers that keep every position, one position's row increment past the window."""
+    if shared <= 0:
+        return 0
+    if shared >= ctx:
+        raise ValueError(f"shared prefix {shared} must be shorter than the context {ctx}")
+    per_pos = row_bytes(model, kv_dtype, sliding, ctx) - row_bytes(model, kv_dtype, sliding, ctx - 1)
+    return shared * per_pos
+
+
+def admission_cell(overhead: int, row: int, agents: int, limit: int, shared: int = 0) -> dict[str, Any]:
+    """One fleet cell; `shared`: bytes of a common prefix held once (included in `row`)."""
+    private = row - shared
+    need = overhead + shared + agents * private
     return {
         "need_bytes": need,
         "fits": need <= limit,
         "headroom_bytes": limit - need,
         "headroom_pct": round(100.0 * (limit - need) / limit, 2),
-        "max_agents": max(0, (limit - overhead) // row),
+        "max_agents": max(0, (limit - overhead - shared) // private),
+        "shared_bytes": shared,
     }
 
 
@@ -71,8 +96,10 @@ def admission_rows(
     settings: Any,
     agents: Sequence[int] = AGENTS,
     contexts: Sequence[int] = AGENT_CTX,
+    shared_prefix: int = 0,
 ) -> list[dict[str, Any]]:
-    """One row per (kv dtype, sliding, agents, context per agent), from the run's donated decode ceilings."""
+    """One row per (kv dtype, sliding, agents, context per agent), from the run's donated decode
+    ceilings; with `shared_prefix`, contexts longer than it are also given with it shared."""
     from g4bench.engine.bench import DecodeCase
     from g4bench.model.config import load_config
     from g4bench.model.params import param_bytes
@@ -93,12 +120,15 @@ def admission_rows(
             limit = int(match[0]["limit_bytes"]) if match else settings.limit_bytes
             for ctx in contexts:
                 row = row_bytes(settings.model, kv, sliding, ctx)
-                for n in agents:
-                    rows.append({
-                        "model": settings.model, "target": settings.target, "kv_dtype": kv, "sliding_kv": sliding,
-                        "agents": n, "agent_ctx": ctx, "row_bytes": row, "overhead_bytes": overhead,
-                        "overhead_source": source, "limit_bytes": limit, **admission_cell(overhead, row, n, limit),
-                    })  # fmt: skip
+                for prefix in sorted({0, shared_prefix} if shared_prefix < ctx else {0}):
+                    shared = shared_bytes(settings.model, kv, sliding, ctx, prefix)
+                    for n in agents:
+                        rows.append({
+                            "model": settings.model, "target": settings.target, "kv_dtype": kv,
+                            "sliding_kv": sliding, "agents": n, "agent_ctx": ctx, "row_bytes": row,
+                            "overhead_bytes": overhead, "overhead_source": source, "limit_bytes": limit,
+                            "shared_prefix": prefix, **admission_cell(overhead, row, n, limit, shared),
+                        })  # fmt: skip
     return rows
 
 

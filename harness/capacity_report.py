@@ -143,6 +143,8 @@ def admission_table(rows: Sequence[dict[str, Any]]) -> Any:
     t.add_column("agents", justify="right")
     for c in ctxs:
         t.add_column(f"{c // 1024}K ctx", justify="right")
+    shared = [r for r in rows if r.get("shared_prefix")]
+    rows = [r for r in rows if not r.get("shared_prefix")]
     keys = sorted({(r["kv_dtype"], r["sliding_kv"], r["agents"]) for r in rows})
     cell = {(r["kv_dtype"], r["sliding_kv"], r["agents"], r["agent_ctx"]): r for r in rows}
     for kv, sl, n in keys:
@@ -157,6 +159,11 @@ def admission_table(rows: Sequence[dict[str, Any]]) -> Any:
         maxrow[(r["kv_dtype"], r["sliding_kv"], r["agent_ctx"])] = r["max_agents"]
     for kv, sl in sorted({(k[0], k[1]) for k in maxrow}):
         t.add_row(f"{kv} / {sl}", "max", *[str(maxrow[(kv, sl, c)]) for c in ctxs], style="bold")
+    smax = {(r["kv_dtype"], r["sliding_kv"], r["agent_ctx"]): r for r in shared}
+    for kv, sl in sorted({(k[0], k[1]) for k in smax}):
+        n = next(r["shared_prefix"] for r in shared if (r["kv_dtype"], r["sliding_kv"]) == (kv, sl))
+        vals = [str(smax[(kv, sl, c)]["max_agents"]) if (kv, sl, c) in smax else "—" for c in ctxs]
+        t.add_row(f"{kv} / {sl}", f"max, {n} shared", *vals, style="bold")
     return t
 
 
@@ -187,7 +194,7 @@ def plot_capacity(
     """Capacity frontier: max agents vs context per agent, per KV dtype × sliding, fleet grid marked."""
     from harness.plots import _pyplot
 
-    rows = [r for r in records if r.get("record") == "admission"]
+    rows = [r for r in records if r.get("record") == "admission" and not r["config"].get("shared_prefix")]
     if not rows:
         console.print("[dim]no admission records; capacity frontier skipped[/dim]")
         return []

@@ -179,11 +179,12 @@ def run_capacity(req: dict[str, Any], *, out: Path | None, argv: list[str], cons
             fields.update(local_prediction(cfg, s, (1, top), run_dir / "logs"))
         dev = search.ceiling_probe.result.get("device") if search.ceiling_probe else None
         outcome.ceilings.append(record(cfg.name, cfg.config(), fields, dev))
-    rows = admission_rows(outcome.ceilings, s)
+    rows = admission_rows(outcome.ceilings, s, shared_prefix=int(req.get("shared_prefix") or 0))
+    keys = ("kv_dtype", "sliding_kv", "agents", "agent_ctx", "model", "target", "shared_prefix")
     for row in rows:
-        record(f"admission/{row['kv_dtype']}/sliding-{row['sliding_kv']}/agents{row['agents']}/ctx{row['agent_ctx']}",
-               {k: row[k] for k in ("kv_dtype", "sliding_kv", "agents", "agent_ctx", "model", "target")},
-               {"record": "admission", **{k: v for k, v in row.items() if k not in ("kv_dtype", "sliding_kv", "agents", "agent_ctx", "model", "target")}})  # fmt: skip
+        shared = f"/shared{row['shared_prefix']}" if row["shared_prefix"] else ""
+        record(f"admission/{row['kv_dtype']}/sliding-{row['sliding_kv']}/agents{row['agents']}/ctx{row['agent_ctx']}{shared}",
+               {k: row[k] for k in keys}, {"record": "admission", **{k: v for k, v in row.items() if k not in keys}})  # fmt: skip
     write_admission_csv(run_dir / "admission.csv", rows)
     write_summary(run_dir, records)
     render_ceilings(outcome.ceilings, rows, s, console)

@@ -54,6 +54,10 @@ def capacity(
     out: Annotated[
         Path | None, typer.Option(help="Run folder. (default: results/<UTC stamp>-capacity-<target>/)")
     ] = None,
+    shared_prefix: Annotated[
+        int,
+        typer.Option(help="Admission table: also count agents whose contexts share this many first tokens."),
+    ] = 0,
 ) -> None:
     """Find the largest decode batch that fits, by bisection (one fresh process per probe, to within 2%).
 
@@ -79,6 +83,7 @@ def capacity(
         "tol": tol,
         "mem_limit_bytes": int(mem_limit_gib * 2**30) if mem_limit_gib else None,
         "timeout_s": timeout,
+        "shared_prefix": shared_prefix,
     }
     bad = [s for s in requested["steps"] or () if s not in ("donated", "copying")]
     bad += [s for s in requested["sliding"] or () if s not in ("full", "ring")]

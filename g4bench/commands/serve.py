@@ -32,6 +32,15 @@ def serve(
         int, typer.Option(help="Prefill tokens per engine call (bounds decode stalls)")
     ] = 256,
     sliding_kv: Annotated[str, typer.Option(help="Sliding-layer KV: ring (window-sized) | full")] = "ring",
+    kv_layout: Annotated[
+        str, typer.Option(help="KV layout: paged (blocks shared across requests) | contiguous (per slot)")
+    ] = "paged",
+    cached_windows: Annotated[
+        int,
+        typer.Option(
+            help="Paged: sliding-layer windows kept cached per slot (finished conversations, shared prefixes)"
+        ),
+    ] = 4,
     host: Annotated[str, typer.Option(help="Address to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind (0: any free port)")] = 8000,
     api_key: Annotated[
@@ -91,6 +100,8 @@ def serve(
         raise typer.BadParameter(f"--kv-dtype must be bf16 or int8, got {kv_dtype!r}")
     if sliding_kv not in ("ring", "full"):
         raise typer.BadParameter(f"--sliding-kv must be ring or full, got {sliding_kv!r}")
+    if kv_layout not in ("paged", "contiguous"):
+        raise typer.BadParameter(f"--kv-layout must be paged or contiguous, got {kv_layout!r}")
     from g4bench.server.launch import LaunchSpec, run_server
     from g4bench.server.security import resolve_api_key
 
@@ -103,7 +114,7 @@ def serve(
             body_timeout_s=body_timeout, queue_timeout_s=queue_timeout, request_timeout_s=request_timeout,
             engine_stall_s=engine_stall_timeout, exit_on_engine_failure=exit_on_engine_failure,
             max_connections=max_connections, idle_timeout_s=idle_timeout, shutdown_timeout_s=shutdown_timeout,
-            served_model_name=served_model_name,
+            served_model_name=served_model_name, kv_layout=kv_layout, cached_windows=cached_windows,
         )  # fmt: skip
         ServerSettings(
             max_body_bytes=max_body_bytes,

@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from g4bench.engine.engine import _decode_step, platform_compute_dtype
+from g4bench.engine.engine import EngineConfig, _decode_step, default_tables, platform_compute_dtype
 from g4bench.engine.sampling import SamplingState
 from g4bench.model.config import ModelConfig, load_config
 from g4bench.model.kv_cache import CacheLayout, cache_bytes, cache_specs, init_cache
@@ -44,6 +44,8 @@ class DecodeCase:
     batch: int = 32
     ctx: int = 8192
     embed: str | None = None  # default: f32 with f32 layers, else bf16
+    kv_layout: str = "contiguous"  # "paged": block pools read by table (static partition, 16-token blocks)
+    block_size: int = 16
 
     @property
     def weight_format(self) -> WeightFormat:
@@ -51,13 +53,28 @@ class DecodeCase:
         return WeightFormat(layers=self.layers, ple=self.ple, embed=embed)
 
     @property
+    def engine_config(self) -> EngineConfig:
+        """The serving engine's configuration of this case (its layout and block tables)."""
+        return EngineConfig(
+            max_slots=self.batch, max_len=self.ctx, kv_dtype=self.kv_dtype, sliding_kv=self.sliding_kv,
+            donate=self.donate, kv_layout=self.kv_layout, block_size=self.block_size, cached_windows=0,
+        )  # fmt: skip
+
+    def layout_for(self, cfg: ModelConfig) -> CacheLayout:
+        return self.engine_config.layout_for(cfg)
+
+    @property
     def layout(self) -> CacheLayout:
+        """The contiguous layout (paged layouts depend on the model: `layout_for`)."""
         return CacheLayout(max_len=self.ctx, kv_dtype=self.kv_dtype, ring=self.sliding_kv == "ring")
 
     @property
     def name(self) -> str:
         step = "donated" if self.donate else "copying"
-        return f"layers-{self.layers}/ple-{self.ple}/kv-{self.kv_dtype}/{step}/sliding-{self.sliding_kv}"
+        paged = f"/paged-{self.block_size}" if self.kv_layout == "paged" else ""
+        return (
+            f"layers-{self.layers}/ple-{self.ple}/kv-{self.kv_dtype}/{step}/sliding-{self.sliding_kv}{paged}"
+        )
 
 
 @dataclass
@@ -74,8 +91,16 @@ class DecodeBench:
         return param_bytes(self.cfg, self.case.weight_format)
 
     @property
+    def layout(self) -> CacheLayout:
+        return self.case.layout_for(self.cfg)
+
+    @property
     def kv_bytes(self) -> int:
-        return cache_bytes(self.cfg, self.case.batch, self.case.layout)
+        return cache_bytes(self.cfg, self.case.batch, self.layout)
+
+    def _tables(self) -> dict[str, jax.Array]:
+        tables = default_tables(self.cfg, self.case.engine_config, self.layout)
+        return {g: jnp.asarray(t) for g, t in tables.items()}
 
     @property
     def donate_argnums(self) -> tuple[int, ...]:
@@ -83,9 +108,10 @@ class DecodeBench:
 
     @property
     def step_fn(self):
-        """The engine's decode program with its static arguments bound: f(params, cache, sampling, tokens, positions, active)."""
+        """The engine's decode program with its static arguments bound:
+        f(params, cache, sampling, tokens, positions, active(, block tables when paged))."""
         return partial(
-            _decode_step, cfg=self.cfg, layout=self.case.layout, cdt=self.compute_dtype, kv_len=self.case.ctx
+            _decode_step, cfg=self.cfg, layout=self.layout, cdt=self.compute_dtype, kv_len=self.case.ctx
         )
 
     @property
@@ -103,12 +129,14 @@ class DecodeBench:
         vec = jax.ShapeDtypeStruct((B,), jnp.int32)
         tree = (
             param_specs(self.cfg, self.case.weight_format),
-            cache_specs(self.cfg, B, self.case.layout),
+            cache_specs(self.cfg, B, self.layout),
             sampling,
             vec,
             vec,
             jax.ShapeDtypeStruct((B,), jnp.bool_),
         )
+        if self.layout.paged:
+            tree += (jax.eval_shape(self._tables),)
         return jax.tree_util.tree_map(place, tree)
 
     def compile(self) -> float:
@@ -123,12 +151,14 @@ class DecodeBench:
     def fresh_inputs(self) -> tuple[Any, ...]:
         B, ctx = self.case.batch, self.case.ctx
         inputs = (
-            init_cache(self.cfg, B, self.case.layout),
+            init_cache(self.cfg, B, self.layout),
             SamplingState.greedy(B),
             jnp.ones((B,), jnp.int32),
             jnp.full((B,), ctx - 1, jnp.int32),
             jnp.ones((B,), jnp.bool_),
         )
+        if self.layout.paged:
+            inputs += (self._tables(),)
         return jax.block_until_ready(inputs)
 
     def step(self, inputs: tuple[Any, ...]) -> None:

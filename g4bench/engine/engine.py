@@ -11,7 +11,18 @@ jitted programs (JetStream's prefill / insert / generate split, folded into slot
 - decode: all slots, one token each, attending over the KV length bucket that covers the longest
   active sequence (a ring for sliding layers), sampling on the device so the host reads back one
   token id per slot;
-- copy_slot: one slot's KV into another (prefix sharing).
+- copy_slot: one slot's KV into another (contiguous prefix sharing).
+
+KV layouts (`EngineConfig.kv_layout`). "paged" (the default, the server's): one pool of
+`block_size`-token blocks per KV-owning layer and per-slot block tables (g4bench/model/paged_kv.py);
+the scheduler's BlockCache points tables at shared blocks, so a prefix computed in any slot serves
+every other (g4bench/engine/block_cache.py). The "full" group has `kv_blocks` blocks (default
+max_slots × max_len / block_size, the contiguous cache's size); with ring sliding KV the sliding
+layers form a "window" group sized for each slot's working window (W + chunk) plus
+`cached_windows` windows per slot of cache. Until a block manager sets them, the tables partition
+the pools statically (slot s's own blocks, a ring of blocks for the window group), so the paged
+engine computes exactly what the contiguous one does (tests/engine/test_engine.py runs both).
+"contiguous": `max_slots` rows of `max_len` positions (or a ring), prefix reuse by slot copies.
 
 Buckets bound the number of compiles (`warmup()` compiles them all and reports the time). The cache
 is donated to each call (`donate=True`), so a step updates it in place; `donate=False` is the
@@ -34,9 +45,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from g4bench.engine.sampling import SamplingParams, SamplingState, sample
-from g4bench.model.config import ModelConfig
+from g4bench.model.config import SLIDING, ModelConfig
 from g4bench.model.forward import forward
 from g4bench.model.kv_cache import CacheLayout, cache_bytes, init_cache
+from g4bench.model.paged_kv import window_read_blocks
 from g4bench.model.params import Params, tree_bytes
 
 
@@ -54,16 +66,55 @@ class EngineConfig:
     chunk_size: int = 256
     donate: bool = True
     min_kv_bucket: int = 512
+    kv_layout: str = "paged"  # "paged": block pools + block tables; "contiguous": slots × max_len rows
+    block_size: int = 16
+    kv_blocks: int | None = None  # paged "full"-group blocks; None: max_slots × max_len / block_size
+    cached_windows: int = 4  # paged: cached sliding windows per slot, beyond the running sequences'
 
     def __post_init__(self) -> None:
         if self.sliding_kv not in ("ring", "full"):
             raise ValueError(f"sliding_kv must be 'ring' or 'full', got {self.sliding_kv!r}")
+        if self.kv_layout not in ("paged", "contiguous"):
+            raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
         if self.max_slots < 1 or self.max_len < 1 or self.chunk_size < 1:
             raise ValueError("max_slots, max_len and chunk_size must be positive")
+        if self.paged and self.block_size < 1:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.paged and self.kv_blocks is not None and self.kv_blocks < -(-self.max_len // self.block_size):
+            raise ValueError(f"kv_blocks {self.kv_blocks} cannot hold one max_len sequence")
 
     @property
-    def layout(self) -> CacheLayout:
-        return CacheLayout(max_len=self.max_len, kv_dtype=self.kv_dtype, ring=self.sliding_kv == "ring")
+    def paged(self) -> bool:
+        return self.kv_layout == "paged"
+
+    def window_blocks_per_seq(self, cfg: ModelConfig) -> int:
+        """Paged: the most window blocks one sequence holds at once (keys within W of a chunk)."""
+        return min(
+            -(-self.max_len // self.block_size),
+            window_read_blocks(cfg.sliding_window, self.chunk_size, self.block_size),
+        )
+
+    def layout_for(self, cfg: ModelConfig) -> CacheLayout:
+        ring = self.sliding_kv == "ring"
+        if not self.paged:
+            return CacheLayout(max_len=self.max_len, kv_dtype=self.kv_dtype, ring=ring)
+        full = self.kv_blocks or self.max_slots * -(-self.max_len // self.block_size)
+        windowed = (
+            ring
+            and cfg.sliding_window < self.max_len
+            and SLIDING in cfg.layer_types[: cfg.first_kv_shared_layer]
+        )
+        per_seq = self.window_blocks_per_seq(cfg)
+        window = self.max_slots * (per_seq + self.cached_windows * -(-cfg.sliding_window // self.block_size))
+        return CacheLayout(
+            max_len=self.max_len,
+            kv_dtype=self.kv_dtype,
+            ring=ring,
+            paged=True,
+            block_size=self.block_size,
+            blocks=full + 1,
+            window_blocks=window + 1 if windowed else 0,
+        )
 
     @property
     def kv_buckets(self) -> tuple[int, ...]:
@@ -82,6 +133,23 @@ class EngineConfig:
         return tuple(sorted({max(1, self.chunk_size // 8), max(1, self.chunk_size // 2), self.chunk_size}))
 
 
+def default_tables(cfg: ModelConfig, ecfg: EngineConfig, layout: CacheLayout) -> dict[str, np.ndarray]:
+    """Paged block tables i32[max_slots, max_len / block_size] per group, before any block manager
+    sets them: slot s owns full blocks 1 + s·MB + j (a static partition), and window blocks
+    1 + s·R + (j mod R), a ring of R blocks that covers every window read. With these tables the
+    paged engine behaves exactly like the contiguous one (Engine.generate, benchmarks)."""
+    if not layout.paged:
+        return {}
+    S, MB = ecfg.max_slots, layout.table_len
+    j = np.arange(MB, dtype=np.int32)[None, :]
+    s = np.arange(S, dtype=np.int32)[:, None]
+    tables = {"full": np.where(1 + s * MB + j < layout.blocks, 1 + s * MB + j, 0).astype(np.int32)}
+    if layout.window_blocks:
+        R = ecfg.window_blocks_per_seq(cfg)
+        tables["window"] = (1 + s * R + j % R).astype(np.int32)
+    return tables
+
+
 def bucket_for(n: int, buckets: Sequence[int]) -> int:
     for b in buckets:
         if n <= b:
@@ -97,10 +165,11 @@ class Engine:
     ):
         self.cfg = cfg
         self.ecfg = ecfg or EngineConfig()
-        self.layout = self.ecfg.layout
+        self.layout = self.ecfg.layout_for(cfg)
         self.compute_dtype = compute_dtype or platform_compute_dtype()
         self.params = params
         self.cache = init_cache(cfg, self.ecfg.max_slots, self.layout)
+        self.tables = default_tables(cfg, self.ecfg, self.layout)
         self.sampling = SamplingState.greedy(self.ecfg.max_slots)
         self.eos_token_ids = frozenset(cfg.eos_token_ids)
         self.last_logits: jax.Array | None = None  # logits of the most recent call (tests, verify)
@@ -126,9 +195,21 @@ class Engine:
     def kv_cache_bytes(self) -> int:
         return cache_bytes(self.cfg, self.ecfg.max_slots, self.layout)
 
+    def set_block_table(self, slot: int, group: str, ids: Sequence[int]) -> None:
+        """Paged: name the physical blocks of `slot`'s logical blocks 0.. in `group` ("full" or
+        "window"); the rest of the row becomes the null block 0."""
+        # Calls get copies of the tables: on the CPU jnp.asarray may alias a numpy buffer, and a
+        # dispatched step may still be reading it when the next table update lands.
+        row = self.tables[group][slot]
+        if len(ids) > row.size:
+            raise ValueError(f"{len(ids)} blocks exceed the table length {row.size}")
+        row[:] = 0
+        row[: len(ids)] = ids
+
     def can_resume(self, cached_len: int, common_prefix: int) -> bool:
-        """Can a slot holding `cached_len` tokens continue a prompt sharing `common_prefix` of them?
-        A ring has overwritten positions older than the window, so it must resume at its end."""
+        """Contiguous: can a slot holding `cached_len` tokens continue a prompt sharing
+        `common_prefix` of them? A ring has overwritten positions older than the window, so it must
+        resume at its end. (The paged layout shares blocks instead: g4bench/engine/block_cache.py.)"""
         if common_prefix <= 0 or common_prefix > cached_len:
             return False
         if self.layout.ring and self.cfg.sliding_window < self.ecfg.max_len:
@@ -162,6 +243,7 @@ class Engine:
             jnp.asarray([start], jnp.int32),
             jnp.asarray([n], jnp.int32),
             jnp.asarray(slot, jnp.int32),
+            {g: jnp.asarray(t[slot : slot + 1].copy()) for g, t in self.tables.items()},
             kv_len=kv_len,
         )
         self.last_logits = logits
@@ -182,6 +264,7 @@ class Engine:
             jnp.asarray(tokens, jnp.int32),
             jnp.asarray(positions),
             jnp.asarray(active),
+            {g: jnp.asarray(t.copy()) for g, t in self.tables.items()},
             kv_len=kv_len,
         )
         self.last_logits = logits
@@ -192,6 +275,8 @@ class Engine:
         self.sampling = self.sampling.with_suppress_eos(slot, on)
 
     def copy_slot(self, src: int, dst: int) -> None:
+        if self.layout.paged:
+            raise ValueError("copy_slot: a paged cache shares blocks through block tables, not copies")
         self.cache = self._copy(self.cache, jnp.asarray(src, jnp.int32), jnp.asarray(dst, jnp.int32))
 
     def warmup(self) -> float:
@@ -204,7 +289,8 @@ class Engine:
                 self.prefill(0, [self.cfg.pad_token_id] * min(chunk, self.ecfg.max_len - start), start)
             positions = np.full((self.ecfg.max_slots,), kv_len - 1, np.int32)
             self.decode(np.zeros_like(positions), positions, np.ones_like(positions, bool))
-        self.copy_slot(0, 0)
+        if not self.layout.paged:
+            self.copy_slot(0, 0)
         jax.block_until_ready(self.cache)
         return time.perf_counter() - t0
 
@@ -268,18 +354,22 @@ class Generation:
 
 
 # ---------------------------------------------------------------------------- jitted programs
-def _prefill_step(params, cache, sampling, tokens, start, n_valid, slot, *, cfg, layout, cdt, kv_len):
-    """One slot's chunk: the model writes the chunk's positions of cache row `slot` and reads that
-    row's first kv_len positions; nothing else of the cache is touched."""
+def _prefill_step(params, cache, sampling, tokens, start, n_valid, slot, tables, *, cfg, layout, cdt, kv_len):
+    """One slot's chunk: the model writes the chunk's positions of cache row `slot` (paged: of the
+    blocks its table row names) and reads that row's first kv_len positions; nothing else of the
+    cache is touched."""
     logits, cache = forward(
-        params, tokens, start, n_valid, cache, cfg, layout, kv_len=kv_len, compute_dtype=cdt, rows=slot[None]
-    )
+        params, tokens, start, n_valid, cache, cfg, layout, kv_len=kv_len, compute_dtype=cdt,
+        rows=None if layout.paged else slot[None], tables=tables,
+    )  # fmt: skip
     row_state = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1), sampling)
     nxt = sample(logits, start + n_valid - 1, row_state, cfg.eos_token_ids)
     return cache, logits[0], nxt[0]
 
 
-def _decode_step(params, cache, sampling, tokens, positions, active, *, cfg, layout, cdt, kv_len):
+def _decode_step(
+    params, cache, sampling, tokens, positions, active, tables=None, *, cfg, layout, cdt, kv_len
+):
     logits, cache = forward(
         params,
         tokens[:, None],
@@ -290,6 +380,7 @@ def _decode_step(params, cache, sampling, tokens, positions, active, *, cfg, lay
         layout,
         kv_len=kv_len,
         compute_dtype=cdt,
+        tables=tables,
     )
     return cache, logits, sample(logits, positions, sampling, cfg.eos_token_ids)
 

@@ -53,7 +53,7 @@ import numpy as np
 
 TOOL_OPEN, TOOL_CLOSE = "<|tool_call>", "<tool_call|>"
 MARKERS = (TOOL_OPEN, TOOL_CLOSE, '<|"|>', "<|channel>", "<channel|>")
-# ByteTokenizer's layout (g4bench.server.tokenizer): pad=0, eos=1, bos=2, byte b -> id b+3.
+# The byte layout (the synthetic tokenizer's ids 0-130 agree with it): pad=0, eos=1, bos=2, byte b -> id b+3.
 BYTE_PAD, BYTE_EOS, BYTE_BOS, BYTE_OFFSET = 0, 1, 2, 3
 _JSON_OPTIONS = {"whitespace_flexible": False}
 

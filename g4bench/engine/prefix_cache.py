@@ -105,6 +105,10 @@ class SlotTable:
         dst.tokens = list(src.tokens[: plan.reuse])
         dst.owner = request_id
 
+    def extend(self, slot: int, tokens: Sequence[int]) -> None:
+        """Record tokens whose K/V the engine just wrote at the end of `slot`."""
+        self.slots[slot].tokens.extend(tokens)
+
     def release(self, slot: int, keep: bool = True) -> None:
         """Free a slot at once; its tokens stay resident for reuse unless `keep` is False."""
         s = self.slots[slot]

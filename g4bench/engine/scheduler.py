@@ -4,13 +4,17 @@ Data flow. `submit()` (any thread) validates a tokenized prompt, appends it to a
 queue and wakes the engine thread. The engine thread repeats:
 
 1. apply cancellations (a cancelled request frees its slot at once);
-2. admit waiting requests into idle slots (FIFO), choosing each slot with `SlotTable.plan`:
-   continue a resident conversation, copy a shared prefix from another slot (`engine.copy_slot`),
-   or start cold in an empty / least recently used slot;
+2. admit waiting requests into idle slots (FIFO). Paged engines (the default): any idle slot; the
+   request's longest cached prefix is matched by `BlockCache.begin` when its prefill starts, so a
+   prompt admitted while another computes the same system prompt reuses it, whichever slot computed
+   it (g4bench/engine/block_cache.py). Contiguous engines: `SlotTable.plan` continues a resident
+   conversation, copies a shared prefix from another slot (`engine.copy_slot`), or starts cold in
+   an empty / least recently used slot;
 3. one `engine.decode` over every decoding slot (one token each);
 4. at most one prefill chunk (`engine.ecfg.chunk_size` tokens) for the oldest admitted prompt, so an
    arrival stalls the running streams by one chunk at most. The last chunk samples the request's
-   first token.
+   first token. (Paged: if the pools lack blocks for the whole request even after evicting every
+   cached block, the prompt waits at the head until running requests finish.)
 
 With nothing to do it sleeps on a condition variable. Every sampled token goes to the request's
 `RequestSink.on_token` (in the engine thread; the server turns it into text and hands it to
@@ -52,6 +56,7 @@ from typing import Protocol
 
 import numpy as np
 
+from g4bench.engine.block_cache import BlockCache
 from g4bench.engine.prefix_cache import SlotTable
 from g4bench.engine.sampling import SamplingParams
 
@@ -122,6 +127,7 @@ class _Request:
     slot: int | None = None
     prefilled: int = 0  # prompt tokens whose K/V are in the slot
     reused: int = 0
+    placed: bool = False  # paged: BlockCache.begin() has matched its prefix and reserved its blocks
     admitted: float | None = None
     next_token: int | None = None  # sampled, to be fed by the next decode step
     suppressing: bool = False  # the engine's EOS ban is on for this request's slot (min_tokens)
@@ -139,7 +145,21 @@ class Scheduler:
         self.chunk_size: int = engine.ecfg.chunk_size
         self.vocab_size: int = engine.cfg.vocab_size
         self.max_waiting = max_waiting
-        self.table = SlotTable(self.max_slots, copy_min=copy_min)
+        layout = getattr(engine, "layout", None)
+        self.paged = bool(getattr(layout, "paged", False))
+        self.table: SlotTable | BlockCache
+        if self.paged:
+            self.table = BlockCache(
+                self.max_slots,
+                block_size=layout.block_size,
+                table_len=layout.table_len,
+                full_blocks=layout.blocks,
+                window_blocks=layout.window_blocks,
+                window=engine.cfg.sliding_window,
+                set_table=engine.set_block_table,
+            )
+        else:
+            self.table = SlotTable(self.max_slots, copy_min=copy_min)
         self.observers: list[SchedulerObserver] = []
         self.warmup_s: float | None = None
         self.steps = 0
@@ -279,6 +299,9 @@ class Scheduler:
                 self._finish(self._running[rid], "cancelled")
 
     def _admit(self) -> None:
+        if self.paged:
+            self._admit_paged()
+            return
         while self.table.idle():
             with self._cv:  # only this thread removes from the queue: peek, place, then pop
                 if not self._waiting:
@@ -303,6 +326,20 @@ class Scheduler:
                     continue
             self._prefilling.append(req)
 
+    def _admit_paged(self) -> None:
+        """Paged: a request only needs a slot now; its prefix is matched when its prefill starts."""
+        while True:
+            with self._cv:
+                if not self._waiting:
+                    return
+                slot = self.table.claim(self._waiting[0].id)
+                if slot is None:
+                    return
+                req = self._waiting.popleft()
+            req.slot, req.admitted = slot, time.perf_counter()
+            self._running[req.id] = req
+            self._prefilling.append(req)
+
     def _decode_step(self) -> None:
         batch = [r for r in self._running.values() if r.next_token is not None]
         if not batch:
@@ -315,6 +352,9 @@ class Scheduler:
             positions[r.slot] = len(self.table.slots[r.slot].tokens)
             active[r.slot] = True
         try:
+            if self.paged:
+                for r in batch:
+                    self.table.prepare(r.slot, int(positions[r.slot]), 1)
             out = np.asarray(self.engine.decode(tokens, positions, active))
         except Exception as exc:
             log.exception("decode step failed; failing its %d requests", len(batch))
@@ -325,7 +365,7 @@ class Scheduler:
         self._notify("on_step", len(batch), self.max_slots)
         now = time.perf_counter()
         for r in batch:
-            self.table.slots[r.slot].tokens.append(r.next_token)
+            self.table.extend(r.slot, [r.next_token])
             r.next_token = None
             self._deliver(r, int(out[r.slot]), now)
 
@@ -333,6 +373,11 @@ class Scheduler:
         if not self._prefilling:
             return
         req = self._prefilling[0]
+        if self.paged and not req.placed:
+            reuse = self.table.begin(req.slot, req.prompt, req.params.max_tokens)
+            if reuse is None:
+                return  # not enough free or evictable blocks yet: running requests will free some
+            req.placed, req.prefilled, req.reused = True, reuse, reuse
         slot = self.table.slots[req.slot]
         assert len(slot.tokens) == req.prefilled, "slot tokens out of step with the prefill cursor"
         chunk = req.prompt[req.prefilled : req.prefilled + self.chunk_size]
@@ -342,12 +387,14 @@ class Scheduler:
             req.suppressing = req.params.min_tokens > 0
             sampling = replace(req.params.sampling, suppress_eos=req.suppressing)
         try:
+            if self.paged:
+                self.table.prepare(req.slot, req.prefilled, len(chunk))
             tok = self.engine.prefill(req.slot, chunk, req.prefilled, sampling)
         except Exception as exc:
             log.exception("prefill failed for request %d", req.id)
             self._finish(req, "error", error=f"prefill failed: {exc}", keep=False)
             return
-        slot.tokens.extend(chunk)
+        self.table.extend(req.slot, chunk)
         req.prefilled += len(chunk)
         if last:
             self._prefilling.popleft()

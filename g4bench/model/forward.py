@@ -22,6 +22,8 @@ prefill that only needs the next token runs them on the last real position alone
 Key positions are logical: full-length caches index by position; a sliding ring holds position p in
 entry p mod W, and each entry's position is recomputed from the row's start, so masks are exact
 whatever the padding or bucket size (the reference engine's window-vs-padding bug cannot occur).
+A paged cache (g4bench/model/paged_kv.py) is written and read through block tables, and returns
+key positions the same way, so the masks below serve both layouts.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ import jax.numpy as jnp
 
 from g4bench.model.config import FULL, SLIDING, ModelConfig
 from g4bench.model.kv_cache import Cache, CacheLayout, quantize_kv
+from g4bench.model.kv_cache import as_bits as _as_bits
+from g4bench.model.kv_cache import from_bits as _from_bits
+from g4bench.model.paged_kv import paged_update_and_read
 from g4bench.model.quant import dequantize_ple_rows, unpack_w4a16
 
 NEG_INF = -1e30
@@ -109,17 +114,6 @@ def _store(k: jax.Array, v: jax.Array, quantized: bool) -> dict[str, jax.Array]:
     kq, ks = quantize_kv(k)
     vq, vs = quantize_kv(v)
     return {"k": kq, "v": vq, "ks": ks, "vs": vs}
-
-
-def _as_bits(x: jax.Array) -> jax.Array:
-    """16-bit floats as uint16 (a free reinterpretation). XLA:CPU upcasts bf16 ops to f32, which turns
-    a one-position update of a bf16 cache into a pass over the whole buffer even when it is donated;
-    updating the integer view stays in place (measured: 52 ms → 0.01 ms for a 256 MiB cache)."""
-    return jax.lax.bitcast_convert_type(x, jnp.uint16) if x.dtype == jnp.bfloat16 else x
-
-
-def _from_bits(x: jax.Array, dtype: jnp.dtype) -> jax.Array:
-    return jax.lax.bitcast_convert_type(x, dtype) if dtype == jnp.bfloat16 else x
 
 
 def _write_full(
@@ -228,16 +222,20 @@ def forward(
     all_logits: bool = False,
     compute_dtype: Any = jnp.float32,
     rows: jax.Array | None = None,
+    tables: dict[str, jax.Array] | None = None,
 ) -> tuple[jax.Array, Cache]:
     """Run the model over tokens i32[B, T] written at positions start[b] + t for t < n_valid[b].
 
     `kv_len` (static) bounds how much of each full-length cache is read: it must exceed every real
     position in this call; None reads the whole buffer. `rows` i32[B] maps batch rows to cache rows
     (a prefill of one slot in a many-slot cache: only that row's chunk positions are written and
-    only its first kv_len positions read); None means cache row b is batch row b. Returns logits
-    f32 [B, T, V] if `all_logits` else [B, V] at each row's last real token, and the updated cache
-    (rows with n_valid 0 unchanged)."""
+    only its first kv_len positions read); None means cache row b is batch row b. A paged layout
+    takes `tables` instead: {group: i32[B, max_len // block_size]}, the batch rows' block tables
+    (g4bench/model/paged_kv.py). Returns logits f32 [B, T, V] if `all_logits` else [B, V] at each
+    row's last real token, and the updated cache (rows with n_valid 0 unchanged)."""
     B, T = tokens.shape
+    if layout.paged and tables is None:
+        raise ValueError("a paged cache layout needs block tables")
     cdt = compute_dtype
     eps = cfg.rms_norm_eps
     kv_len = layout.max_len if kv_len is None else min(kv_len, layout.max_len)
@@ -249,7 +247,7 @@ def forward(
     h = embed[tokens].astype(cdt) * jnp.asarray(math.sqrt(cfg.hidden_size), embed.dtype).astype(cdt)
     ple = _per_layer_inputs(params, tokens, h, cfg, cdt) if cfg.has_ple else None
 
-    def tables(pos: jax.Array) -> dict[str, tuple[jax.Array, jax.Array]]:
+    def rope_for(pos: jax.Array) -> dict[str, tuple[jax.Array, jax.Array]]:
         out = {}
         for ltype, theta in ((SLIDING, cfg.rope_theta_sliding), (FULL, cfg.rope_theta_full)):
             if ltype in cfg.layer_types:
@@ -257,7 +255,7 @@ def forward(
                 out[ltype] = rope_tables(pos, cfg.head_dim_of(i), theta, cfg.rotary_pairs(i))
         return out
 
-    rope = tables(positions)
+    rope = rope_for(positions)
     q_pos = positions
     new_cache = list(cache)
     shared: dict[str, tuple] = {}
@@ -283,18 +281,32 @@ def forward(
             v = rms_norm(linear(x, lp["v"]).reshape(B, T, kvh, hd), None, eps)
             new = _store(k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), layout.quantized)
             slot = cfg.kv_layers.index(i)
-            new_cache[slot], kv, key_pos, key_ok = _update_and_read(
-                cache[slot],
-                new,
-                start,
-                n_valid,
-                positions,
-                valid_q,
-                write_pos,
-                rows=rows,
-                ring=layout.is_ring(cfg, i),
-                kv_len=kv_len,
-            )
+            if layout.paged:
+                group = layout.group_of(cfg, i)
+                new_cache[slot], kv, key_pos, key_ok = paged_update_and_read(
+                    cache[slot],
+                    new,
+                    tables[group],
+                    positions,
+                    valid_q,
+                    start,
+                    block_size=layout.block_size,
+                    kv_len=kv_len,
+                    window=cfg.sliding_window if group == "window" else None,
+                )
+            else:
+                new_cache[slot], kv, key_pos, key_ok = _update_and_read(
+                    cache[slot],
+                    new,
+                    start,
+                    n_valid,
+                    positions,
+                    valid_q,
+                    write_pos,
+                    rows=rows,
+                    ring=layout.is_ring(cfg, i),
+                    kv_len=kv_len,
+                )
             if i == cfg.kv_store_layer(ltype):
                 shared[ltype] = (kv, key_pos, key_ok)
         else:

@@ -36,6 +36,8 @@ class LaunchSpec:
     max_len: int = 8192
     chunk_size: int = 256
     sliding_kv: str = "ring"
+    kv_layout: str = "paged"  # paged: blocks shared across requests (radix index); contiguous: per slot
+    cached_windows: int = 4  # paged: sliding-layer windows kept cached per slot
     host: str = "127.0.0.1"
     port: int = 8000
     protect_docs: bool = False
@@ -123,6 +125,8 @@ def run_server(spec: LaunchSpec, api_key: str | None = None, console: Any = None
         kv_dtype=spec.kv_dtype,
         sliding_kv=spec.sliding_kv,
         chunk_size=spec.chunk_size,
+        kv_layout=spec.kv_layout,
+        cached_windows=spec.cached_windows,
     )
     console.print(f"[bold]g4bench serve[/]: loading {spec.model} ({ecfg})")
     engine, tokenizer_dir = load_engine(spec.model, ecfg)

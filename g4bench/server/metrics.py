@@ -71,6 +71,8 @@ class ServerMetrics:
         Gauge("g4bench_ready", "1 once warm-up is done and the engine loop runs", registry=r).set_function(
             lambda: float(scheduler.ready)
         )
+        if getattr(scheduler, "paged", False):
+            _block_cache_gauges(scheduler, r)
         info = Gauge("g4bench_model_info", "Served model", ["model"], registry=r)
         info.labels(model=model_name).set(1)
         for kind in ("computed", "reused"):
@@ -99,3 +101,25 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _block_cache_gauges(scheduler: Scheduler, registry: CollectorRegistry) -> None:
+    """Paged engines: prefix-cache hit rate and block pool occupancy, read at scrape time. The
+    scheduler's thread updates the counts; a scrape reads plain ints (a slightly stale view at worst)."""
+    cache = scheduler.table
+    Gauge(
+        "g4bench_prefix_cache_hit_rate",
+        "Prompt tokens reused from cached blocks / prompt tokens",
+        registry=registry,
+    ).set_function(lambda: cache.stats()["hit_rate"])
+    blocks = Gauge(
+        "g4bench_kv_blocks",
+        "KV pool blocks by group and state (used: referenced by a running request; cached: held by the index only)",
+        ["group", "state"],
+        registry=registry,
+    )
+    for group in ("full", "window") if cache.win is not None else ("full",):
+        for state in ("used", "cached", "free"):
+            blocks.labels(group=group, state=state).set_function(
+                lambda g=group, st=state: cache.stats()[f"{g}_blocks_{st}"]
+            )

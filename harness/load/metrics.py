@@ -273,12 +273,15 @@ def _new_prompt_tokens(prev: RequestRecord | None, cur: RequestRecord) -> int | 
     return max(0, cur.prompt_tokens - prev.prompt_tokens - prev.output_tokens)
 
 
-def prefix_reuse(records: Sequence[RequestRecord], turn_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def prefix_reuse(
+    records: Sequence[RequestRecord], turn_rows: Sequence[dict[str, Any]], shared_prefix: int = 0
+) -> dict[str, Any]:
     """Agent turns (issue 5): prompt tokens the server computed vs reused, and two ratios.
 
     computed = Σ (prompt_tokens − cached_tokens) from usage; new = Σ tokens of each turn's prompt
     that were not in the previous turn's prompt + reply (the tool result and template tokens; a
-    task's first turn counts whole). `computed_over_new_prompt_tokens` is 1 for a server that
+    task's first turn counts whole, except a `shared_prefix` common to every task (the
+    shared-prefix workload's system prompt), which counts once for the whole level). `computed_over_new_prompt_tokens` is 1 for a server that
     computes only new tokens (ours recomputes one more per turn: the reply's last token, which it
     never fed back); `ttft_last_turn_over_first` compares the per-turn median TTFTs of the last and
     the first turn (`turn_rows` from `by_turn`)."""
@@ -296,8 +299,12 @@ def prefix_reuse(records: Sequence[RequestRecord], turn_rows: Sequence[dict[str,
             if n_new is None or r.cached_tokens is None:
                 known = False
             else:
+                if r is rs[0] and shared_prefix:
+                    n_new -= min(shared_prefix, n_new)
                 prompt, cached, new = prompt + r.prompt_tokens, cached + r.cached_tokens, new + n_new
             prev = r
+    if tasks and shared_prefix:
+        new += shared_prefix
     rows = [t for t in turn_rows if t.get("median_ttft_ms")]
     first, last = (rows[0], rows[-1]) if len(rows) >= 2 else (None, None)
     return {
@@ -305,6 +312,7 @@ def prefix_reuse(records: Sequence[RequestRecord], turn_rows: Sequence[dict[str,
         "prompt_tokens_reused": cached if known else None,
         "prompt_tokens_computed": prompt - cached if known else None,
         "new_prompt_tokens": new if known else None,
+        "shared_prefix_tokens": shared_prefix,
         "computed_over_new_prompt_tokens": (prompt - cached) / new if known and new else None,
         "ttft_first_turn_ms": first["median_ttft_ms"] if first else None,
         "ttft_last_turn_ms": last["median_ttft_ms"] if last else None,

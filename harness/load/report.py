@@ -64,7 +64,8 @@ def level_summary(level: LevelResult, result: RunResult) -> dict[str, Any]:
         out["few_samples"] |= out.pop("task_few_samples")
         out["by_turn"] = metrics.by_turn(recs)
         out["ttft_vs_uncached"] = metrics.ttft_vs_uncached(recs)
-        out |= metrics.prefix_reuse(recs, out["by_turn"])
+        shared = cfg.workload.prefix_len if cfg.workload.kind == "shared-prefix" else 0
+        out |= metrics.prefix_reuse(recs, out["by_turn"], shared_prefix=shared)
     few = metrics.few_samples_line(out["few_samples"])
     out["warnings"] = ([few] if few else []) + checks.check_warnings(block)
     return out

@@ -112,19 +112,27 @@ def ref(seq, full_forward):
 
 def make_engine(cfg, params, **kw):
     base = dict(
-        max_slots=3, max_len=MAX_LEN, kv_dtype="f32", sliding_kv="full", chunk_size=32, min_kv_bucket=32
-    )
+        max_slots=3, max_len=MAX_LEN, kv_dtype="f32", sliding_kv="full", chunk_size=32, min_kv_bucket=32,
+        kv_layout="contiguous", block_size=4,
+    )  # fmt: skip
     return Engine(cfg, params, EngineConfig(**{**base, **kw}), compute_dtype=jnp.float32)
 
 
-@pytest.fixture(scope="module")
-def engine_full(cfg, params):
-    return make_engine(cfg, params)
+@pytest.fixture(scope="module", params=["contiguous", "paged"])
+def kv_layout(request):
+    """Every engine-path test runs on both layouts. Paged uses 4-token blocks: a decode step's window
+    read (3 blocks) is narrower than the KV bucket and chunks cross block boundaries."""
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def engine_ring(cfg, params):
-    return make_engine(cfg, params, sliding_kv="ring")
+def engine_full(cfg, params, kv_layout):
+    return make_engine(cfg, params, kv_layout=kv_layout)
+
+
+@pytest.fixture(scope="module")
+def engine_ring(cfg, params, kv_layout):
+    return make_engine(cfg, params, sliding_kv="ring", kv_layout=kv_layout)
 
 
 def prefill(engine, slot, tokens, start=0, chunk=None, sampling=None):
@@ -229,7 +237,9 @@ def test_inactive_slots_are_untouched(seq, ref, engine_full):
 
 # ---------------------------------------------------------------------------- prefix sharing
 @pytest.mark.parametrize("sliding", ["full", "ring"])
-def test_copy_slot_then_continue_equals_cold_prefill(sliding, seq, ref, engine_full, engine_ring):
+def test_copy_slot_then_continue_equals_cold_prefill(sliding, seq, ref, engine_full, engine_ring, kv_layout):
+    if kv_layout == "paged":
+        pytest.skip("a paged cache shares blocks (test_block_cache.py), it does not copy slots")
     engine = engine_full if sliding == "full" else engine_ring
     prefill(engine, 0, seq[:PROMPT])
     engine.copy_slot(0, 1)
@@ -260,12 +270,14 @@ def test_donated_equals_copying(cfg, params, seq, engine_full):
     np.testing.assert_allclose(a, b, atol=TOL, rtol=0)
 
 
-def test_int8_kv_close_to_bf16(cfg, params, seq, ref):
+def test_int8_kv_close_to_bf16(cfg, params, seq, ref, kv_layout):
     """int8 KV (per-token, per-head scales folded into attention) stays within INT8_TOL of bf16 KV
     over the prompt and 24 teacher-forced decode steps (ring), and mostly picks the same tokens."""
     runs = {}
     for kv in ("bf16", "int8"):
-        engine = make_engine(cfg, params, kv_dtype=kv, sliding_kv="ring", max_slots=1, min_kv_bucket=64)
+        engine = make_engine(
+            cfg, params, kv_dtype=kv, sliding_kv="ring", max_slots=1, min_kv_bucket=64, kv_layout=kv_layout
+        )
         runs[kv] = greedy_run(engine, 0, seq[:PROMPT], STEPS, feed=seq[PROMPT:])[1]
     diff = np.abs(runs["int8"] - runs["bf16"]).max()
     assert 0 < diff < INT8_TOL, diff

@@ -173,3 +173,21 @@ def test_admission_rows_use_the_compiled_overhead() -> None:
     assert rows[0]["overhead_source"] == "compiled ceiling"
     fallback = admission_rows([], settings, agents=(8,), contexts=(8192,))
     assert fallback[0]["overhead_source"].startswith("weights only")
+
+
+def test_admission_counts_a_shared_prefix_once() -> None:
+    """E2B, bf16, ring: a 4,096-token common prefix is stored once in the full-attention layers (3
+    owning layers × 512 × K and V × 2 bytes = 6,144 B per position); the rings stay per agent."""
+    from harness.admission import shared_bytes
+
+    settings = SimpleNamespace(kv=("bf16",), sliding=("ring",), ple=("bf16",), model="e2b", layers="w4a16",
+                               target="tpu-v6e", limit_bytes=33_543_694_581)  # fmt: skip
+    assert shared_bytes("e2b", "bf16", "ring", 8192, 4096) == 4096 * 6144
+    assert shared_bytes("e2b", "bf16", "full", 8192, 4096) == 4096 * 18432  # every layer keeps it
+    rows = admission_rows([], settings, agents=(8,), contexts=(8192,), shared_prefix=4096)
+    plain, shared = sorted(rows, key=lambda r: r["shared_prefix"])
+    row, s, over, limit = plain["row_bytes"], 4096 * 6144, plain["overhead_bytes"], 33_543_694_581
+    assert shared["need_bytes"] == over + s + 8 * (row - s)
+    assert (
+        shared["max_agents"] == (limit - over - s) // (row - s) > plain["max_agents"] == (limit - over) // row
+    )

@@ -83,6 +83,8 @@ def test_prefix_reuse_ratios_exact() -> None:
     for r in rs:
         r.prompt_ids = r.output_ids = None
     assert metrics.prefix_reuse(rs, [])["new_prompt_tokens"] == 28
+    # Read as a shared-prefix run whose first 4 tokens are common: they count once, not per task.
+    assert metrics.prefix_reuse(rs, [], shared_prefix=4)["new_prompt_tokens"] == 28 - 4
 
 
 def test_decode_window_counts_only_all_streams_decoding() -> None:

@@ -57,8 +57,9 @@ def params_and_cfg():
 def make_engine(params_and_cfg, sliding_kv: str):
     cfg, params = params_and_cfg
     ecfg = engine_mod.EngineConfig(
-        max_slots=4, max_len=MAX_LEN, chunk_size=CHUNK, min_kv_bucket=MAX_LEN, sliding_kv=sliding_kv
-    )
+        max_slots=4, max_len=MAX_LEN, chunk_size=CHUNK, min_kv_bucket=MAX_LEN, sliding_kv=sliding_kv,
+        kv_layout="contiguous",  # slot-copy prefix reuse; the paged path: tests/engine/test_paged_sharing.py
+    )  # fmt: skip
     return engine_mod.Engine(cfg, params, ecfg)
 
 

@@ -1,0 +1,81 @@
+"""Paged KV: write a call's K/V into a layer's block pool and gather what its queries attend over.
+
+    written, kv, key_pos, key_ok = paged_update_and_read(entry, new, table, positions, valid_q, start,
+                                                         block_size=16, kv_len=1024, window=None)
+
+A pool is [NB, kvh, bs(, hd)]; `table` i32[B, MB] maps row b's logical block j (positions
+j·bs .. j·bs + bs − 1) to a physical block. Every real token at logical position p goes to block
+table[b, p // bs], offset p % bs; padding gets the out-of-range id NB and is dropped by the scatter.
+The owner of a table guarantees that every position a real query can see is written and that no two
+rows write one block (shared blocks are full and read-only; see g4bench/engine/block_cache.py).
+
+Reads gather whole blocks by table (a gather in plain JAX: [B, nb, kvh, bs, hd] → [B, kvh, nb·bs,
+hd]) and return each key's logical position, so the caller's causal and window masks are exact
+whatever the padding, bucket or block boundaries (the reference engine's window-vs-padding bug
+cannot occur here either). Two read shapes:
+
+- full: the first ⌈kv_len / bs⌉ logical blocks (entries past the sequence name the null block,
+  and every key past it falls behind the causal mask);
+- window (sliding layers whose sequences hold only the blocks their queries can still see): the
+  nb = (W + T − 2) // bs + 2 logical blocks from (start − W + 1) // bs, which cover every key
+  within W of a query at start .. start + T − 1. When that is no fewer blocks than the full read the
+  full read is used instead (short contexts).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from g4bench.model.kv_cache import as_bits, from_bits
+
+
+def window_read_blocks(window: int, tokens: int, block_size: int) -> int:
+    """Logical blocks a window read gathers for a call of `tokens` query positions."""
+    return (window + tokens - 2) // block_size + 2
+
+
+def _gather(pool: jax.Array, ids: jax.Array) -> jax.Array:
+    """pool [NB, kvh, bs(, d)], ids [B, nb] → [B, kvh, nb·bs(, d)], gathered through the integer
+    view of a bf16 pool (XLA:CPU would otherwise convert the bf16 data on the way)."""
+    g = jnp.moveaxis(as_bits(pool)[ids], 2, 1)  # [B, kvh, nb, bs(, d)]
+    return from_bits(g.reshape(g.shape[0], g.shape[1], g.shape[2] * g.shape[3], *g.shape[4:]), pool.dtype)
+
+
+def paged_update_and_read(
+    entry: dict[str, jax.Array],
+    new: dict[str, jax.Array],
+    table: jax.Array,
+    positions: jax.Array,
+    valid_q: jax.Array,
+    start: jax.Array,
+    *,
+    block_size: int,
+    kv_len: int,
+    window: int | None,
+) -> tuple[dict[str, jax.Array], dict[str, jax.Array], jax.Array, jax.Array]:
+    """Write new [B, kvh, T(, d)] at `positions` [B, T] (where `valid_q`) of one layer's pools, then
+    read keys/values(/scales) [B, kvh, K(, d)] with their logical positions [B, K] and validity."""
+    bs = block_size
+    NB = entry["k"].shape[0]
+    B, T = positions.shape
+    MB = table.shape[1]
+    logical = jnp.clip(positions // bs, 0, MB - 1)
+    blk = jnp.where(valid_q, jnp.take_along_axis(table, logical, axis=1), NB)  # padding → dropped
+    off = positions % bs
+    written = {}
+    for name, arr in entry.items():
+        # advanced indices (block, offset) around a slice: the update is [B, T, kvh(, d)]
+        update = as_bits(jnp.swapaxes(new[name], 1, 2).astype(arr.dtype))
+        written[name] = from_bits(as_bits(arr).at[blk, :, off].set(update, mode="drop"), arr.dtype)
+
+    nb = min(MB, -(-kv_len // bs))
+    base = jnp.zeros((B,), jnp.int32)
+    if window is not None and window_read_blocks(window, T, bs) < nb:
+        nb = window_read_blocks(window, T, bs)
+        base = jnp.clip((start - window + 1) // bs, 0, MB - nb)
+    idx = base[:, None] + jnp.arange(nb, dtype=jnp.int32)[None, :]  # [B, nb] logical blocks
+    ids = jnp.take_along_axis(table, idx, axis=1)
+    kv = {name: _gather(arr, ids) for name, arr in written.items()}
+    key_pos = (idx[:, :, None] * bs + jnp.arange(bs, dtype=jnp.int32)[None, None, :]).reshape(B, nb * bs)
+    return written, kv, key_pos, jnp.ones((B, nb * bs), bool)
