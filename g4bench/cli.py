@@ -10,7 +10,19 @@ from __future__ import annotations
 
 import typer
 
-from g4bench.commands import capacity, device_check, doctor, gate, generate, plot, revalidate, roofline, serve, serve_load, verify
+from g4bench.commands import (
+    capacity,
+    device_check,
+    doctor,
+    gate,
+    generate,
+    plot,
+    revalidate,
+    roofline,
+    serve,
+    serve_load,
+    verify,
+)
 
 app = typer.Typer(
     name="g4bench",

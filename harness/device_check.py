@@ -123,7 +123,9 @@ def run_step(step: Step, out: Path, env: dict[str, str]) -> StepResult:
     return result
 
 
-def run_check(out: Path, *, dry_run: bool, only: list[str] | None = None, progress: Any = None) -> CheckOutcome:
+def run_check(
+    out: Path, *, dry_run: bool, only: list[str] | None = None, progress: Any = None
+) -> CheckOutcome:
     """Run the steps (or those named in `only`) in order, recording each; writes device-check.json
     after every step so an interrupted check still says what ran."""
     say = progress or (lambda _msg: None)

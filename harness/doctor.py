@@ -34,7 +34,16 @@ DEVICE_TARGET = "harness.doctor:device_child"
 EVAL_SHAPE_TARGET = "harness.doctor:eval_shape_child"
 CALIBRATE_TARGET = "harness.roofline_probes:calibrate_child"
 COMPILE_TARGET = "harness.aot:compile_child"
-VERSIONED = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "libtpu", "numpy", "fastapi", "pydantic")
+VERSIONED = (
+    "jax",
+    "jaxlib",
+    "jax-cuda13-plugin",
+    "jax-cuda12-plugin",
+    "libtpu",
+    "numpy",
+    "fastapi",
+    "pydantic",
+)
 # E2B's compile child peaks near 2.2 GiB of address space (harness/capacity_run.py); demand margin.
 E2B_COMPILE_MIN_FREE_BYTES = 6 * 2**30
 # Calibration buffers (fractions of device memory) and reps: about 10 s on a 2-core CPU, ~1 s on an H200.
@@ -198,7 +207,11 @@ def run_doctor(*, e2b_compile: bool | None, timeout_s: float = 600.0, progress: 
         report.facts["calibration"] = best
         hw = hardware_for_device(dev["platform"], dev["device_kind"])
         peak = hw.value("peak_bandwidth_bytes_per_s") if hw else None
-        frac = f", {best['gb_per_s_median'] * 1e9 / peak:.0%} of {hw.name}'s {peak / 1e9:.0f} GB/s" if peak and hw else ""
+        frac = (
+            f", {best['gb_per_s_median'] * 1e9 / peak:.0%} of {hw.name}'s {peak / 1e9:.0f} GB/s"
+            if peak and hw
+            else ""
+        )
         report.rows.append(
             Row(
                 "bandwidth calibration",

@@ -22,7 +22,9 @@ def device_check(
     ] = False,
     step: Annotated[
         list[str] | None,
-        typer.Option(help="Run only this step (repeatable): doctor, revalidate, roofline, capacity, serve-load."),
+        typer.Option(
+            help="Run only this step (repeatable): doctor, revalidate, roofline, capacity, serve-load."
+        ),
     ] = None,
 ) -> None:
     """Run every headline measurement on this accelerator within 8 minutes (per-step budgets), each

@@ -21,9 +21,7 @@ def doctor(
             "on the CPU when 6 GiB of RAM are free)",
         ),
     ] = None,
-    out: Annotated[
-        Path | None, typer.Option(help="Run folder to write doctor.json into (created).")
-    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Run folder to write doctor.json into (created).")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds allowed per check's child process.")] = 600.0,
 ) -> None:
     """Check this machine: JAX device kind and count, memory limit, versions, a ~10 s bandwidth
@@ -37,7 +35,9 @@ def doctor(
     from harness.doctor import run_doctor
 
     console = Console(stderr=True)
-    report = run_doctor(e2b_compile=e2b_compile, timeout_s=timeout, progress=lambda m: console.print(f"  {m}"))
+    report = run_doctor(
+        e2b_compile=e2b_compile, timeout_s=timeout, progress=lambda m: console.print(f"  {m}")
+    )
     table = Table(title="g4bench doctor", show_lines=False)
     table.add_column("check")
     table.add_column("status")
