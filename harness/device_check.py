@@ -32,7 +32,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -126,17 +126,27 @@ def run_step(step: Step, out: Path, env: dict[str, str]) -> StepResult:
 
 
 def run_check(
-    out: Path, *, dry_run: bool, only: list[str] | None = None, progress: Any = None
+    out: Path,
+    *,
+    dry_run: bool,
+    only: list[str] | None = None,
+    time_scale: float = 1.0,
+    progress: Any = None,
 ) -> CheckOutcome:
-    """Run the steps (or those named in `only`) in order, recording each; writes device-check.json
-    after every step so an interrupted check still says what ran."""
+    """Run the steps (or those named in `only`) in order, each with its budget × `time_scale`,
+    recording each; writes device-check.json after every step so an interrupted check still says
+    what ran."""
     say = progress or (lambda _msg: None)
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **STEP_ENV}
     if dry_run:
         env["JAX_PLATFORMS"] = "cpu"
     outcome = CheckOutcome(out)
-    plan = [s for s in steps(out, dry_run) if not only or s.name in only]
+    plan = [
+        replace(s, budget_s=s.budget_s * time_scale)
+        for s in steps(out, dry_run)
+        if not only or s.name in only
+    ]
     started = time.perf_counter()
     for step in plan:
         say(f"{step.name}: budget {step.budget_s:.0f} s: g4bench {' '.join(step.argv)}")
@@ -145,6 +155,7 @@ def run_check(
         say(f"{step.name}: {res.status} (rc {res.rc}) in {res.wall_s:.0f} s; log {res.log}")
         summary = {
             "dry_run": dry_run,
+            "time_scale": time_scale,
             "total_s": time.perf_counter() - started,
             "steps": [asdict(r) for r in outcome.results],
         }

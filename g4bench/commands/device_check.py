@@ -26,6 +26,9 @@ def device_check(
             help="Run only this step (repeatable): doctor, revalidate, roofline, capacity, serve-load."
         ),
     ] = None,
+    time_scale: Annotated[
+        float, typer.Option(help="Multiply every step's time budget (e.g. 1.5 on a second try).")
+    ] = 1.0,
 ) -> None:
     """Run every headline measurement on this accelerator within 8 minutes (per-step budgets), each
     step a fresh `g4bench` process; a failed step is recorded and the check goes on."""
@@ -39,7 +42,13 @@ def device_check(
     if unknown:
         console.print(f"[red]unknown step(s) {unknown}; steps: {known}[/red]")
         raise typer.Exit(code=2)
-    outcome = run_check(out, dry_run=dry_run, only=step, progress=lambda m: console.print(m, soft_wrap=True))
+    outcome = run_check(
+        out,
+        dry_run=dry_run,
+        only=step,
+        time_scale=time_scale,
+        progress=lambda m: console.print(m, soft_wrap=True),
+    )
     for r in outcome.results:
         colour = "green" if r.status == "ok" else "red"
         console.print(f"  {r.name:<11} [{colour}]{r.status:<8}[/] {r.wall_s:6.0f} s / {r.budget_s:.0f} s")

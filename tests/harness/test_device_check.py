@@ -53,3 +53,25 @@ def test_dry_run_passes_on_the_cpu_within_three_minutes(tmp_path: Path):
     # the bisection's oversized probes are recorded OOMs; the ceiling it found is not
     ceilings = [r for r in records["capacity"] if r.get("record") == "ceiling"]
     assert ceilings and ceilings[0]["max_batch"] > 0 and "failure" not in ceilings[0]
+
+
+def test_a_failed_step_is_recorded_and_the_check_goes_on(tmp_path: Path, monkeypatch):
+    import harness.device_check as dc
+
+    seen = []
+
+    def fake_step(step, out, env):
+        seen.append((step.name, step.budget_s, env["XLA_PYTHON_CLIENT_PREALLOCATE"]))
+        status = "timeout" if step.name == "revalidate" else "ok"
+        return dc.StepResult(step.name, list(step.argv), step.budget_s, status=status, rc=0)
+
+    monkeypatch.setattr(dc, "run_step", fake_step)
+    outcome = dc.run_check(tmp_path, dry_run=False, only=["revalidate", "roofline"], time_scale=2.0)
+    budgets = {s.name: s.budget_s for s in steps(tmp_path, False)}
+    assert seen == [
+        ("revalidate", 2 * budgets["revalidate"], "false"),
+        ("roofline", 2 * budgets["roofline"], "false"),
+    ]
+    assert [r.name for r in outcome.failed] == ["revalidate"]
+    summary = json.loads((tmp_path / "device-check.json").read_text())
+    assert summary["time_scale"] == 2.0 and [s["status"] for s in summary["steps"]] == ["timeout", "ok"]
