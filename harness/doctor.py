@@ -9,7 +9,7 @@ Data flow::
 
     device_child (child)     platform, device kind and count, the allocator's memory limit,
                              versions (python, jax, jaxlib, CUDA/TPU plugins)
-    calibrate (child)        harness.roofline_probes.calibrate_child on buffers sized for ~10 s
+    calibrate (child)        harness.roofline_probes.calibrate_child on buffers of 1/96 and 1/48 of memory
                              → calibrated GB/s (harness.roofline.pick_calibration) and the fraction
                              of the device's nameplate bandwidth (configs/hardware) where known
     compile tiny-a (child)   harness.aot.compile_child: the engine's decode step, compiled
@@ -46,7 +46,7 @@ VERSIONED = (
 )
 # E2B's compile child peaks near 2.2 GiB of address space (harness/capacity_run.py); demand margin.
 E2B_COMPILE_MIN_FREE_BYTES = 6 * 2**30
-# Calibration buffers (fractions of device memory) and reps: about 10 s on a 2-core CPU, ~1 s on an H200.
+# Calibration buffers (fractions of device memory) and reps: 1-3 s on the 2-core CPU (0.25 and 0.5 GiB).
 CALIBRATION = {"fractions": [1 / 96, 1 / 48], "reps": 10}
 
 # Modules each command needs beyond the core (jax, numpy, typer, rich), and whether it runs JAX here.

@@ -24,7 +24,7 @@ def doctor(
     out: Annotated[Path | None, typer.Option(help="Run folder to write doctor.json into (created).")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds allowed per check's child process.")] = 600.0,
 ) -> None:
-    """Check this machine: JAX device kind and count, memory limit, versions, a ~10 s bandwidth
+    """Check this machine: JAX device kind and count, memory limit, versions, a short bandwidth
     calibration, the decode step of tiny-a and E2B compiled (or E2B traced only, reason given), and
     whether each command can run here. Exit 1 if anything is broken."""
     import json
