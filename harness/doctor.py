@@ -230,7 +230,7 @@ def run_doctor(*, e2b_compile: bool | None, timeout_s: float = 600.0, progress: 
         Row(
             "decode step tiny-a (compiled)",
             "ok" if compile_ok else "fail",
-            f"batch 4, ctx 256: compiled in {res['compile_s']:.1f} s, peak {_gb(res.get('peak_bytes'))}"
+            f"batch 4, ctx 256: compiled in {res['compile_s']:.1f} s (a cache load when the JAX cache is warm), peak {_gb(res.get('peak_bytes'))}"
             if compile_ok
             else _fail_detail(res)
             if "failure" in res
@@ -258,7 +258,7 @@ def run_doctor(*, e2b_compile: bool | None, timeout_s: float = 600.0, progress: 
             Row(
                 "decode step E2B (compiled)",
                 "ok" if ok else "fail",
-                f"{shape}: compiled in {res['compile_s']:.1f} s, peak {_gb(res.get('peak_bytes'))}"
+                f"{shape}: compiled in {res['compile_s']:.1f} s (a cache load when the JAX cache is warm), peak {_gb(res.get('peak_bytes'))}"
                 if ok
                 else _fail_detail(res)
                 if "failure" in res
