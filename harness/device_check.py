@@ -8,8 +8,8 @@ Data flow::
 
     steps(out, dry_run)        THE place where every step's command line is written (flags change
                                with the commands; the dry-run test catches a mismatch)
-    for each step: run_step    `python -m g4bench.cli ARGV` in a fresh process (own session, so a
-                               timeout kills its children too), stdout+stderr → OUT/<step>.log,
+    for each step: run_step    `python -m g4bench.cli ARGV` in a fresh process (a timeout kills it
+                               and all its descendants), stdout+stderr → OUT/<step>.log,
                                wall clock bounded by the step's budget; its run folder OUT/<step>/
     → OUT/device-check.json    per step: argv, rc, status ok | failed | timeout, wall_s, budget_s
 
@@ -26,6 +26,7 @@ meets the allocator's own limit rather than a preallocated pool.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -69,7 +70,7 @@ class CheckOutcome:
 
 
 # ------------------------------------------------------------------------------------------------
-# Every step's command line, accelerator and dry-run. Update the flags HERE when a command's change.
+# Every step's command line, accelerator and dry run. Update flags HERE when a command's flags change.
 # ------------------------------------------------------------------------------------------------
 def steps(out: Path, dry_run: bool) -> list[Step]:
     """The steps in order; each writes its run folder under `out`."""
@@ -103,9 +104,25 @@ def steps(out: Path, dry_run: bool) -> list[Step]:
     ]  # fmt: skip
 
 
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a step and every descendant. Measuring children and servers start their own
+    sessions (harness.isolate, harness.load.server), so the step's process group alone would
+    leave them holding the device for the next step; they are collected before anything dies."""
+    import psutil
+
+    try:
+        family = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in family:
+        with contextlib.suppress(psutil.NoSuchProcess):  # exited on its own meanwhile: nothing to kill
+            p.send_signal(signal.SIGKILL)
+    psutil.wait_procs(family, timeout=30)
+
+
 def run_step(step: Step, out: Path, env: dict[str, str]) -> StepResult:
-    """Run one step as `python -m g4bench.cli ...` in its own session; kill the whole group at
-    the budget. Never raises for the step's own failure: it is the result's status."""
+    """Run one step as `python -m g4bench.cli ...` in its own session; kill it and its descendants
+    at the budget. Never raises for the step's own failure: it is the result's status."""
     argv = [sys.executable, "-m", "g4bench.cli", *step.argv]
     log = out / f"{step.name}.log"
     result = StepResult(step.name, list(step.argv), step.budget_s, log=str(log))
@@ -118,7 +135,7 @@ def run_step(step: Step, out: Path, env: dict[str, str]) -> StepResult:
             result.rc = proc.wait(timeout=step.budget_s)
             result.status = "ok" if result.rc == 0 else "failed"
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            _kill_tree(proc.pid)
             result.rc = proc.wait()
             result.status = "timeout"
     result.wall_s = time.perf_counter() - t0

@@ -75,3 +75,30 @@ def test_a_failed_step_is_recorded_and_the_check_goes_on(tmp_path: Path, monkeyp
     assert [r.name for r in outcome.failed] == ["revalidate"]
     summary = json.loads((tmp_path / "device-check.json").read_text())
     assert summary["time_scale"] == 2.0 and [s["status"] for s in summary["steps"]] == ["timeout", "ok"]
+
+
+def test_a_timed_out_step_takes_its_own_session_children_with_it():
+    """Measuring children start their own sessions; a killed step must not leave them on the device."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from harness.device_check import _kill_tree
+
+    code = (
+        "import subprocess, sys, time; "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True); "
+        "time.sleep(120)"
+    )
+    step = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    parent = psutil.Process(step.pid)
+    for _ in range(200):  # bounded: the grandchild appears within a second or two
+        kids = parent.children(recursive=True)
+        if kids:
+            break
+        time.sleep(0.05)
+    assert kids, "the step never started its child"
+    _kill_tree(step.pid)
+    step.wait(timeout=30)
+    assert not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids)
