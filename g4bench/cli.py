@@ -10,7 +10,19 @@ from __future__ import annotations
 
 import typer
 
-from g4bench.commands import capacity, gate, generate, plot, revalidate, roofline, serve, serve_load, verify
+from g4bench.commands import (
+    capacity,
+    device_check,
+    doctor,
+    gate,
+    generate,
+    plot,
+    revalidate,
+    roofline,
+    serve,
+    serve_load,
+    verify,
+)
 
 app = typer.Typer(
     name="g4bench",
@@ -29,3 +41,8 @@ app.command("gate")(gate.gate)
 app.command("capacity")(capacity.capacity)
 app.command("serve")(serve.serve)
 app.command("serve-load")(serve_load.serve_load)
+app.command("doctor")(doctor.doctor)
+app.command("device-check")(device_check.device_check)
+
+if __name__ == "__main__":
+    app()

@@ -48,6 +48,30 @@ class CapacityOutcome:
     errors: list[str] = field(default_factory=list)
 
 
+def local_accelerator_limit(timeout_s: float) -> tuple[int, str] | None:
+    """(bytes, source) of the local accelerator's allocator limit, read in a fresh child; None on a
+    host without accelerator device files (the CPU path: RAM and RLIMIT_AS). With
+    XLA_PYTHON_CLIENT_PREALLOCATE=false each probe then takes only what its step needs, and an
+    oversized probe fails with the allocator's RESOURCE_EXHAUSTED (recorded as "oom")."""
+    import os
+
+    from harness.isolate import run_isolated
+    from harness.load.server import has_accelerator
+
+    if not has_accelerator():
+        return None
+    dev = run_isolated("harness.doctor:device_child", {}, timeout_s=timeout_s)
+    if "failure" in dev:
+        detail = dev["failure"]["detail"]
+        raise CapacityError(f"could not read the local accelerator's memory limit: {detail}")
+    if dev.get("platform") == "cpu" or not dev.get("bytes_limit"):
+        return None
+    prealloc = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
+    return int(dev["bytes_limit"]), (
+        f"{dev['device_kind']} allocator bytes_limit (XLA_PYTHON_CLIENT_PREALLOCATE={prealloc})"
+    )
+
+
 def resolve_settings(req: dict[str, Any], console: Any) -> Settings:
     """Fill defaults and print every choice that was not given explicitly."""
     import psutil
@@ -57,7 +81,16 @@ def resolve_settings(req: dict[str, Any], console: Any) -> Settings:
     target = req.get("target") or "local"
     local = target == "local"
     timeout = req.get("timeout_s") or (1800.0 if local else 900.0)
-    if local:
+    device_limit = local_accelerator_limit(timeout) if local else None
+    if device_limit is not None:
+        limit, source = device_limit
+        console.print(
+            f"local accelerator: limit {limit / 2**30:.2f} GiB = {source}; no address-space cap "
+            "(GPU runtimes reserve far more virtual memory than they use)"
+        )
+        layers = req.get("layers") or "w4a16"
+        mem_cap = None
+    elif local:
         avail = psutil.virtual_memory().available
         if req.get("mem_limit_bytes"):
             limit, source = int(req["mem_limit_bytes"]), "--mem-limit-gib"
@@ -154,7 +187,7 @@ def run_capacity(req: dict[str, Any], *, out: Path | None, argv: list[str], cons
     configs = configurations(s)
     console.print(f"run folder {run_dir}; {len(configs)} configurations; tolerance {s.tol:.0%}")
     for i, cfg in enumerate(configs, 1):
-        if s.target == "local":
+        if s.target == "local" and s.mem_limit_bytes is not None:
             avail = psutil.virtual_memory().available
             if avail < s.limit_bytes * 1.05:
                 msg = f"{cfg.name}: only {avail / 2**30:.1f} GiB available now, below the cap; not probing (would endanger the machine)"
@@ -173,7 +206,8 @@ def run_capacity(req: dict[str, Any], *, out: Path | None, argv: list[str], cons
             console.print(f"[red]{exc}[/red]", soft_wrap=True)
             continue
         fields = ceiling_fields(cfg, search, s.limit_bytes, hw)
-        if s.target == "local" and cfg.program == "decode":
+        # the compiled prediction adds the host's address space, a CPU measure (not on an accelerator)
+        if s.target == "local" and cfg.program == "decode" and s.mem_limit_bytes is not None:
             top = max(2, search.lo or est)
             console.print(f"  compiled prediction: compiling (not running) at batch 1 and {top}")
             fields.update(local_prediction(cfg, s, (1, top), run_dir / "logs"))

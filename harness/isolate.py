@@ -68,6 +68,7 @@ _OOM_MARKERS = (
     "Out of memory",
     "out of memory",
     "Cannot allocate memory",
+    "cannot allocate memory",  # glibc under RLIMIT_AS: "cannot allocate memory for thread-local data"
     "RuntimeBufferAllocationFailure",
 )
 

@@ -191,3 +191,25 @@ def test_admission_counts_a_shared_prefix_once() -> None:
     assert (
         shared["max_agents"] == (limit - over - s) // (row - s) > plain["max_agents"] == (limit - over) // row
     )
+
+
+def test_local_accelerator_uses_the_allocator_limit_without_an_address_space_cap(monkeypatch):
+    """On a GPU host, RLIMIT_AS would break the runtime: the limit is the allocator's own."""
+    import harness.isolate
+    import harness.load.server
+    from harness.capacity_run import resolve_settings
+
+    dev = {"platform": "gpu", "device_kind": "NVIDIA H200", "device_count": 1, "bytes_limit": 100 * 2**30}
+    monkeypatch.setattr(harness.load.server, "has_accelerator", lambda: True)
+    monkeypatch.setattr(harness.isolate, "run_isolated", lambda target, payload, timeout_s: dict(dev))
+    lines = []
+    s = resolve_settings(
+        {"ctx": 8192, "model": "e2b"}, type("C", (), {"print": lambda self, m: lines.append(m)})()
+    )
+    assert s.limit_bytes == 100 * 2**30 and s.mem_limit_bytes is None and s.layers == "w4a16"
+    assert "NVIDIA H200 allocator bytes_limit" in s.limit_source
+
+    dev["platform"] = "cpu"  # JAX_PLATFORMS=cpu on an accelerator host: the CPU path, RAM and a cap
+    assert resolve_settings(
+        {"ctx": 64, "model": "tiny-a"}, type("C", (), {"print": lambda self, m: None})()
+    ).mem_limit_bytes

@@ -176,3 +176,9 @@ def test_cache_dir_override(tmp_path, monkeypatch):
 )
 def test_is_oom_text(text, expected):
     assert is_oom_text(text) is expected
+
+
+def test_loader_out_of_address_space_is_oom():
+    """Under RLIMIT_AS glibc can fail before Python runs ("cannot allocate memory for thread-local
+    data", exit 127): that is a probe that does not fit, not a crash that stops a bisection."""
+    assert is_oom_text("cannot allocate memory for thread-local data: ABORT")
