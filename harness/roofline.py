@@ -85,7 +85,7 @@ CPU_DEFAULTS = dict(
         "CPU: full E2B dimensions with f32 dense layers — W4A16 unpacked inside the step does not fuse "
         "on XLA CPU (~21 ms per 1536×12288 projection vs 2.7 ms dense f32 at batch 1) and bf16 weights "
         "convert at ~1 GB/s, so only f32 streams at memory speed; f32 KV for the same reason (attention "
-        "converts a bf16 cache to f32 at ~1 GB/s: --kv bf16 shows it); batch 1 and three contexts keep the "
+        "converts a bf16 cache to f32 at ~1 GB/s: --kv-dtype bf16 shows it); batch 1 and three contexts keep the "
         "run to a few minutes (a full-E2B f32 child holds ~16 GB, so children run one at a time)"
     ),
 )

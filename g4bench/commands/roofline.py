@@ -28,7 +28,7 @@ def roofline(
             help="Contexts, comma-separated; two or more give the marginal KV bandwidth. (default: 1024,2048,4096,8192; CPU 1024,4096,8192)"
         ),
     ] = None,
-    kv: Annotated[str | None, typer.Option(help="KV cache dtype: bf16, int8 or f32. (default: bf16)")] = None,
+    kv_dtype: Annotated[str | None, typer.Option(help="KV cache dtype: bf16, int8 or f32. (default: bf16)")] = None,
     layers: Annotated[
         str | None,
         typer.Option(
@@ -72,7 +72,7 @@ def roofline(
         "model": model,
         "batches": int_list(batch, "--batch"),
         "ctxs": int_list(ctx, "--ctx"),
-        "kv_dtype": kv,
+        "kv_dtype": kv_dtype,
         "layers": layers,
         "samples": samples,
         "warmup": warmup,
