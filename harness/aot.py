@@ -212,7 +212,8 @@ def target_device(target: str) -> tuple[Any, dict[str, Any]]:
         )
     topo = topologies.get_topology_desc(hw.aot_topology, platform=hw.platform)
     dev = topo.devices[0]
-    info = {"platform": hw.platform, "device_kind": dev.device_kind, "device_count": len(topo.devices)}
+    # jax's stubs leave the topology's device type unresolved (`Device?`); it has device_kind
+    info = {"platform": hw.platform, "device_kind": dev.device_kind, "device_count": len(topo.devices)}  # type: ignore[attr-defined]
     return SingleDeviceSharding(dev), info
 
 
