@@ -212,7 +212,12 @@ def target_device(target: str) -> tuple[Any, dict[str, Any]]:
         )
     topo = topologies.get_topology_desc(hw.aot_topology, platform=hw.platform)
     dev = topo.devices[0]
-    info = {"platform": hw.platform, "device_kind": dev.device_kind, "device_count": len(topo.devices)}
+    info = {
+        "platform": hw.platform,
+        # jax's stubs leave the topology's device type unresolved (`Device?`); it has device_kind
+        "device_kind": dev.device_kind,  # type: ignore[attr-defined]
+        "device_count": len(topo.devices),
+    }
     return SingleDeviceSharding(dev), info
 
 

@@ -149,7 +149,7 @@ class Driver:
     limit: int
     timeout_s: float
     mem_limit_bytes: int | None
-    record: Callable[..., None]  # (name, config, fields, device)
+    record: Callable[..., object]  # (name, config, fields, device); its return value is unused
     progress: Callable[[str], None]
     log_dir: Path | None = None
     started: float = 0.0

@@ -140,7 +140,7 @@ def resolve_settings(req: dict[str, Any], console: Any) -> Settings:
         limit_source=source,
         mem_limit_bytes=mem_cap,
         timeout_s=float(timeout),
-        tol=float(req.get("tol") if req.get("tol") is not None else 0.02),
+        tol=float(req["tol"] if req.get("tol") is not None else 0.02),
         prefill_tokens=tuple(req.get("prefill_tokens") or ()),
     )
 

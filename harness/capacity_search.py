@@ -96,6 +96,7 @@ def _slope(probes: list[Probe], per_seq: float | None) -> float | None:
     for a in reversed(with_bytes):
         for b in reversed(with_bytes):
             if b.batch != a.batch:
+                assert a.bytes is not None and b.bytes is not None  # filtered above
                 s = (a.bytes - b.bytes) / (a.batch - b.batch)
                 if s > 0:
                     return s

@@ -148,8 +148,10 @@ def _exception_failure(exc: BaseException) -> dict[str, Any]:
 
 def emit_result(result: dict[str, Any]) -> None:
     """Write the one machine-readable line to the real stdout and flush."""
-    sys.__stdout__.write(RESULT_PREFIX + json.dumps(result, allow_nan=False, default=str) + "\n")
-    sys.__stdout__.flush()
+    out = sys.__stdout__
+    assert out is not None, "the child has no real stdout to report on"
+    out.write(RESULT_PREFIX + json.dumps(result, allow_nan=False, default=str) + "\n")
+    out.flush()
 
 
 def child_main(fn: Callable[[dict[str, Any]], dict[str, Any]], argv: list[str] | None = None) -> int:

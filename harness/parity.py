@@ -94,7 +94,8 @@ def build_hf_model(config: dict[str, Any] | str | Path, seed: int = 0):
     cfg = Gemma4TextConfig(**load_config_dict(config))
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
-    model = Gemma4ForCausalLM(cfg).to(torch.float32).eval()
+    # transformers types .to() through a decorator wrapper whose stub loses the dtype overload
+    model = Gemma4ForCausalLM(cfg).to(torch.float32).eval()  # type: ignore[arg-type]
     if not cfg.tie_word_embeddings:
         raise ValueError("g4bench's Gemma 4 E-series configs tie the LM head (tie_word_embeddings: true)")
     with torch.no_grad():

@@ -277,6 +277,7 @@ def plot_roofline(
     hw = hardware_for_device(env.get("platform"), env.get("device_kind"))
     peak = hw.value("peak_bandwidth_bytes_per_s") if hw else None
     if peak:
+        assert hw is not None  # peak came from it
         ax.axvline(peak / 1e9, color="tab:red", ls=":", label=f"{hw.name} nameplate {peak / 1e9:.0f} GB/s")
     ax.set_yticks(ys, [r["name"] for r in usable], fontsize=8)
     ax.set_xlabel("achieved bandwidth, GB/s (bytes-moved model / measured step time)")

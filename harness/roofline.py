@@ -96,12 +96,12 @@ def resolve_settings(platform: str | None, requested: dict[str, Any]) -> tuple[R
     defaults = CPU_DEFAULTS if platform in (None, "cpu") else ACCELERATOR_DEFAULTS
     keys = ("layers", "kv_dtype", "batches", "ctxs", "breakdown")
     applied = {k: defaults[k] for k in keys if requested.get(k) is None}
-    values = {k: requested[k] if requested.get(k) is not None else defaults[k] for k in keys}
+    values: dict[str, Any] = {k: requested[k] if requested.get(k) is not None else defaults[k] for k in keys}
     settings = RooflineSettings(
         model=requested.get("model") or "e2b",
         kv_dtype=values["kv_dtype"],
         samples=requested.get("samples") or 15,
-        warmup=requested.get("warmup") if requested.get("warmup") is not None else 2,
+        warmup=requested["warmup"] if requested.get("warmup") is not None else 2,
         timeout_s=requested.get("timeout_s") or 1800.0,
         mem_limit_bytes=requested.get("mem_limit_bytes"),
         layers=values["layers"],
@@ -141,7 +141,8 @@ def kv_slope(points: Sequence[tuple[int, float, float]], min_rise: float = SLOPE
     ΔKV bytes / Δtime; the marginal bandwidth and the intercept (the step's fixed cost, time at zero
     KV) come from a least-squares line through the points of qualifying pairs."""
     pts = sorted(points)
-    pairs, used = [], set()
+    pairs: list[dict[str, Any]] = []
+    used: set[tuple[int, float, float]] = set()
     for (c0, b0, t0), (c1, b1, t1) in zip(pts, pts[1:], strict=False):
         rise = t1 / t0 - 1.0
         ok = rise > min_rise and b1 > b0

@@ -45,7 +45,7 @@ def plan_visits(names: Sequence[str], rounds: int, seed: int = 0) -> list[Visit]
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     if len(set(names)) != len(names):
         raise ValueError("configuration names must be unique")
-    plan = []
+    plan: list[Visit] = []
     for r in range(rounds):
         order = np.random.default_rng([seed, r]).permutation(len(names))
         plan.extend(Visit(r, slot, names[i]) for slot, i in enumerate(order))

@@ -79,7 +79,7 @@ class Verdict:
         return 2.0 * self.noise
 
 
-def _sorted_finite(samples: Sequence[float]) -> np.ndarray:
+def _sorted_finite(samples: Sequence[float] | np.ndarray) -> np.ndarray:
     """Samples as a sorted float64 array; rejects empty input and NaN/inf (a broken timer)."""
     arr = np.asarray(samples, dtype=np.float64)
     if arr.ndim != 1 or arr.size == 0:
@@ -89,7 +89,7 @@ def _sorted_finite(samples: Sequence[float]) -> np.ndarray:
     return np.sort(arr)
 
 
-def iqr_bounds(samples: Sequence[float]) -> tuple[float, float]:
+def iqr_bounds(samples: Sequence[float] | np.ndarray) -> tuple[float, float]:
     """(q1, q3) = (s[n // 4], s[3n // 4]) of the sorted samples (the reference's rule)."""
     s = _sorted_finite(samples)
     n = s.size
@@ -137,7 +137,7 @@ def compare(a: SampleStats, b: SampleStats) -> Verdict:
 
 
 def bootstrap_ci(
-    samples: Sequence[float],
+    samples: Sequence[float] | np.ndarray,
     statistic: Callable[[np.ndarray], np.ndarray] | None = None,
     *,
     confidence: float = 0.95,

@@ -8,7 +8,7 @@ unusable request.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -70,7 +70,7 @@ def capacity(
     from harness.capacity_run import CapacityError, run_capacity
 
     console = Console(stderr=True)
-    requested = {
+    requested: dict[str, Any] = {
         "ctx": ctx,
         "model": model,
         "kv": _split(kv),

@@ -87,6 +87,7 @@ def generate(
     else:
         # Random ids: printable ASCII for the synthetic tokenizer, any non-special id for a real vocabulary.
         hi = UNK_ID if tok_dir is None else cfg.vocab_size
+        assert prompt_tokens is not None  # exactly one of --prompt / --prompt-tokens (checked above)
         rng = np.random.default_rng(seed)
         ids_in = [cfg.bos_token_id, *rng.integers(ASCII_OFFSET + 32, hi, size=prompt_tokens - 1).tolist()]
 

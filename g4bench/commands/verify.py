@@ -13,7 +13,7 @@ Exit codes: 0 within tolerance, 1 beyond it, 2 on bad input or a missing `parity
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -62,7 +62,7 @@ def verify(
 
     from harness.verify import PARITY_INSTALL_HINT, verify_checkpoint, verify_config
 
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         prompt_len=prompt_len,
         decode_steps=decode_steps,
         tolerance=tolerance,
@@ -73,11 +73,11 @@ def verify(
         f32_floor=f32_floor,
     )
     try:
-        report = (
-            verify_checkpoint(checkpoint, **kwargs)
-            if checkpoint is not None
-            else verify_config(config, **kwargs)
-        )
+        if checkpoint is not None:
+            report = verify_checkpoint(checkpoint, **kwargs)
+        else:
+            assert config is not None  # exactly one of the two was given (checked above)
+            report = verify_config(config, **kwargs)
     except ModuleNotFoundError as err:
         if err.name and err.name.split(".")[0] in ("torch", "transformers", "compressed_tensors"):
             console.print(

@@ -127,7 +127,7 @@ class DecodeBench:
 
         sampling = jax.eval_shape(lambda: SamplingState.greedy(B))
         vec = jax.ShapeDtypeStruct((B,), jnp.int32)
-        tree = (
+        tree: tuple[Any, ...] = (
             param_specs(self.cfg, self.case.weight_format),
             cache_specs(self.cfg, B, self.layout),
             sampling,
@@ -150,7 +150,7 @@ class DecodeBench:
 
     def fresh_inputs(self) -> tuple[Any, ...]:
         B, ctx = self.case.batch, self.case.ctx
-        inputs = (
+        inputs: tuple[Any, ...] = (
             init_cache(self.cfg, B, self.layout),
             SamplingState.greedy(B),
             jnp.ones((B,), jnp.int32),

@@ -271,6 +271,7 @@ class BlockCache:
         node = self.full.owner.pop(block)
         del self.index[node.key]
         if node.window:
+            assert self.win is not None  # only a windowed cache gives nodes window blocks
             window = node.window
             self._evict_window(window)
             self.win.lru.pop(window, None)
@@ -281,6 +282,7 @@ class BlockCache:
                 self.full.settle(node.parent.full, oldest=True)
 
     def _evict_window(self, block: int) -> None:
+        assert self.win is not None  # only a windowed cache has window blocks to evict
         node = self.win.owner.pop(block)
         assert self.win.refs[block] == 0, "evicting a referenced window block"
         node.window = 0

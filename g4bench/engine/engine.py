@@ -322,19 +322,20 @@ class Engine:
                 nxt = self.prefill(
                     slot, prompt[s : s + chunk], s, sampling if s + chunk >= len(prompt) else None
                 )
+            assert nxt is not None  # the last chunk carries `sampling`, so it samples
             out.outputs[slot].append(nxt)
             tokens[slot], positions[slot] = nxt, len(prompt)
             active[slot] = max_tokens > 1 and (ignore_eos or nxt not in self.eos_token_ids)
         out.prefill_s = time.perf_counter() - t0
         while active.any():
             t = time.perf_counter()
-            nxt = self.decode(tokens, positions, active)
+            sampled = self.decode(tokens, positions, active)
             out.step_s.append(time.perf_counter() - t)
-            for slot in np.flatnonzero(active):
-                out.outputs[slot].append(int(nxt[slot]))
+            for slot in np.flatnonzero(active).tolist():
+                out.outputs[slot].append(int(sampled[slot]))
                 out.decode_tokens += 1
-                tokens[slot], positions[slot] = nxt[slot], positions[slot] + 1
-                eos = not ignore_eos and int(nxt[slot]) in self.eos_token_ids
+                tokens[slot], positions[slot] = sampled[slot], positions[slot] + 1
+                eos = not ignore_eos and int(sampled[slot]) in self.eos_token_ids
                 active[slot] = len(out.outputs[slot]) < max_tokens and not eos
         return out
 

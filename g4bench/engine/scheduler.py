@@ -149,6 +149,7 @@ class Scheduler:
         self.paged = bool(getattr(layout, "paged", False))
         self.table: SlotTable | BlockCache
         if self.paged:
+            assert layout is not None  # getattr(None, "paged", False) is False
             self.table = BlockCache(
                 self.max_slots,
                 block_size=layout.block_size,
@@ -302,16 +303,18 @@ class Scheduler:
         if self.paged:
             self._admit_paged()
             return
-        while self.table.idle():
+        table = self.table
+        assert isinstance(table, SlotTable)  # not paged
+        while table.idle():
             with self._cv:  # only this thread removes from the queue: peek, place, then pop
                 if not self._waiting:
                     return
                 req = self._waiting[0]
-            plan = self.table.plan(req.prompt, self.engine.can_resume)
+            plan = table.plan(req.prompt, self.engine.can_resume)
             assert plan is not None  # an idle slot exists
             with self._cv:
                 self._waiting.popleft()
-            self.table.acquire(plan, req.id)
+            table.acquire(plan, req.id)
             req.slot, req.prefilled, req.reused = plan.slot, plan.reuse, plan.reuse
             req.admitted = time.perf_counter()
             self._running[req.id] = req
@@ -328,11 +331,13 @@ class Scheduler:
 
     def _admit_paged(self) -> None:
         """Paged: a request only needs a slot now; its prefix is matched when its prefill starts."""
+        table = self.table
+        assert isinstance(table, BlockCache)  # paged
         while True:
             with self._cv:
                 if not self._waiting:
                     return
-                slot = self.table.claim(self._waiting[0].id)
+                slot = table.claim(self._waiting[0].id)
                 if slot is None:
                     return
                 req = self._waiting.popleft()
@@ -348,12 +353,15 @@ class Scheduler:
         positions = np.zeros(self.max_slots, np.int32)
         active = np.zeros(self.max_slots, bool)
         for r in batch:
+            assert r.slot is not None and r.next_token is not None  # admitted, token pending
             tokens[r.slot] = r.next_token
             positions[r.slot] = len(self.table.slots[r.slot].tokens)
             active[r.slot] = True
         try:
             if self.paged:
+                assert isinstance(self.table, BlockCache)
                 for r in batch:
+                    assert r.slot is not None
                     self.table.prepare(r.slot, int(positions[r.slot]), 1)
             out = np.asarray(self.engine.decode(tokens, positions, active))
         except Exception as exc:
@@ -365,6 +373,7 @@ class Scheduler:
         self._notify("on_step", len(batch), self.max_slots)
         now = time.perf_counter()
         for r in batch:
+            assert r.slot is not None and r.next_token is not None
             self.table.extend(r.slot, [r.next_token])
             r.next_token = None
             self._deliver(r, int(out[r.slot]), now)
@@ -373,7 +382,9 @@ class Scheduler:
         if not self._prefilling:
             return
         req = self._prefilling[0]
+        assert req.slot is not None  # admitted
         if self.paged and not req.placed:
+            assert isinstance(self.table, BlockCache)
             reuse = self.table.begin(req.slot, req.prompt, req.params.max_tokens)
             if reuse is None:
                 return  # not enough free or evictable blocks yet: running requests will free some
@@ -388,6 +399,7 @@ class Scheduler:
             sampling = replace(req.params.sampling, suppress_eos=req.suppressing)
         try:
             if self.paged:
+                assert isinstance(self.table, BlockCache)
                 self.table.prepare(req.slot, req.prefilled, len(chunk))
             tok = self.engine.prefill(req.slot, chunk, req.prefilled, sampling)
         except Exception as exc:

@@ -88,12 +88,13 @@ class TensorIndex:
                 for name in handle.keys():  # noqa: SIM118 (safe_open is not iterable)
                     if not any(marker in name for marker in SKIP_MARKERS):
                         self.file_of[name] = f
-        self.prefix = next((p for p in PREFIXES if f"{p}embed_tokens.weight" in self.file_of), None)
-        if self.prefix is None:
+        prefix = next((p for p in PREFIXES if f"{p}embed_tokens.weight" in self.file_of), None)
+        if prefix is None:
             raise CheckpointError(
                 f"{directory}: no embed_tokens.weight under any of the prefixes {PREFIXES} "
                 f"(files: {[f.name for f in files]})"
             )
+        self.prefix: str = prefix
 
     def has(self, name: str) -> bool:
         return self.prefix + name in self.file_of

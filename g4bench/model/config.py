@@ -225,7 +225,9 @@ class ModelConfig:
             raise ValueError("sliding='ring' needs ctx")
         total = 0.0
         for layer in self.kv_layers:
-            per_token = 2 * self.kv_heads_of(layer) * self.head_dim_of(layer) * KV_DTYPE_BYTES[kv_dtype]
+            per_token: float = (
+                2 * self.kv_heads_of(layer) * self.head_dim_of(layer) * KV_DTYPE_BYTES[kv_dtype]
+            )
             if kv_dtype == "int8":
                 per_token += 2 * self.kv_heads_of(layer) * KV_SCALE_BYTES
             if sliding == "ring" and not self.is_full(layer):

@@ -283,6 +283,7 @@ def forward(
             slot = cfg.kv_layers.index(i)
             if layout.paged:
                 group = layout.group_of(cfg, i)
+                assert tables is not None  # checked on entry
                 new_cache[slot], kv, key_pos, key_ok = paged_update_and_read(
                     cache[slot],
                     new,

@@ -85,7 +85,7 @@ class CacheLayout:
         return self.ring and not cfg.is_full(layer) and cfg.sliding_window < self.max_len
 
 
-def cache_specs(cfg: ModelConfig, slots: int, layout: CacheLayout) -> Cache:
+def cache_specs(cfg: ModelConfig, slots: int, layout: CacheLayout) -> list[dict[str, jax.ShapeDtypeStruct]]:
     """Abstract cache (ShapeDtypeStruct leaves), one dict per KV-owning layer."""
     specs = []
     for layer in cfg.kv_layers:

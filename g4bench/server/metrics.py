@@ -9,9 +9,12 @@ scheduler when /metrics is scraped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from g4bench.engine.block_cache import BlockCache
 from g4bench.engine.scheduler import RequestResult, Scheduler
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0)
@@ -107,6 +110,7 @@ def _block_cache_gauges(scheduler: Scheduler, registry: CollectorRegistry) -> No
     """Paged engines: prefix-cache hit rate and block pool occupancy, read at scrape time. The
     scheduler's thread updates the counts; a scrape reads plain ints (a slightly stale view at worst)."""
     cache = scheduler.table
+    assert isinstance(cache, BlockCache)  # called for paged schedulers only
     Gauge(
         "g4bench_prefix_cache_hit_rate",
         "Prompt tokens reused from cached blocks / prompt tokens",
@@ -118,8 +122,10 @@ def _block_cache_gauges(scheduler: Scheduler, registry: CollectorRegistry) -> No
         ["group", "state"],
         registry=registry,
     )
+
+    def reader(key: str) -> Callable[[], float]:
+        return lambda: cache.stats()[key]
+
     for group in ("full", "window") if cache.win is not None else ("full",):
         for state in ("used", "cached", "free"):
-            blocks.labels(group=group, state=state).set_function(
-                lambda g=group, st=state: cache.stats()[f"{g}_blocks_{st}"]
-            )
+            blocks.labels(group=group, state=state).set_function(reader(f"{group}_blocks_{state}"))

@@ -74,6 +74,12 @@ def cache_state(cached: int | None, prev_prompt: int | None) -> str:
     return "partial" if cached > 0 else "cold"
 
 
+def _turn(r: RequestRecord) -> int:
+    """The turn index of an agent-task record (only those are grouped into tasks)."""
+    assert r.turn is not None
+    return r.turn
+
+
 def check_prefixes(records: Sequence[RequestRecord]) -> tuple[dict[str, Any], dict[str, str]]:
     """Prefix and cache-consistency verdicts per agent task; returns (summary, request_id -> state)."""
     tasks: dict[int, list[RequestRecord]] = defaultdict(list)
@@ -90,9 +96,9 @@ def check_prefixes(records: Sequence[RequestRecord]) -> tuple[dict[str, Any], di
             out["examples"].append(msg)
 
     for rs in tasks.values():
-        rs.sort(key=lambda r: r.turn)
+        rs.sort(key=_turn)
         for prev, cur in zip(rs, rs[1:], strict=False):
-            if cur.turn != prev.turn + 1:
+            if _turn(cur) != _turn(prev) + 1:
                 continue
             out["pairs"] += 1
             shared: int | None = None
@@ -123,7 +129,7 @@ def check_prefixes(records: Sequence[RequestRecord]) -> tuple[dict[str, Any], di
 
 def check_failures(records: Sequence[RequestRecord]) -> dict[str, Any]:
     kinds: dict[str, int] = defaultdict(int)
-    examples = []
+    examples: list[str] = []
     for r in records:
         if not r.ok:
             kinds[r.error_kind or "unknown"] += 1

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -178,6 +178,8 @@ def by_turn(records: Sequence[RequestRecord]) -> list[dict[str, Any]]:
         ok = [r for r in rs if r.ok]
         tt = [ttft_ms(r) for r in ok]
         ee = [e2el_ms(r) for r in ok]
+        # ok records carry chunk times, so these hold no None
+        tt_ms, ee_ms = cast(list[float], tt), cast(list[float], ee)
         pt = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
         ct = [r.cached_tokens or 0 for r in ok if r.prompt_tokens is not None]
         rows.append(
@@ -185,10 +187,10 @@ def by_turn(records: Sequence[RequestRecord]) -> list[dict[str, Any]]:
                 "turn": turn,
                 "n": len(rs),
                 "failed": len(rs) - len(ok),
-                "median_ttft_ms": float(np.median(tt)) if tt else None,
-                "p90_ttft_ms": float(np.percentile(tt, 90)) if tt else None,
-                "median_e2el_ms": float(np.median(ee)) if ee else None,
-                "p90_e2el_ms": float(np.percentile(ee, 90)) if ee else None,
+                "median_ttft_ms": float(np.median(tt_ms)) if tt else None,
+                "p90_ttft_ms": float(np.percentile(tt_ms, 90)) if tt else None,
+                "median_e2el_ms": float(np.median(ee_ms)) if ee else None,
+                "p90_e2el_ms": float(np.percentile(ee_ms, 90)) if ee else None,
                 "mean_prompt_tokens": float(np.mean(pt)) if pt else None,
                 "mean_cached_tokens": float(np.mean(ct)) if ct else None,
                 "mean_uncached_tokens": float(np.mean(pt) - np.mean(ct)) if pt else None,
@@ -256,6 +258,12 @@ def ttft_vs_uncached(records: Sequence[RequestRecord]) -> dict[str, Any]:
     return out | {"ms_per_uncached_token": float(slope), "intercept_ms": float(icept), "r2": r2}
 
 
+def _turn(r: RequestRecord) -> int:
+    """The turn index of an agent-task record (only those are grouped into tasks)."""
+    assert r.turn is not None
+    return r.turn
+
+
 def _new_prompt_tokens(prev: RequestRecord | None, cur: RequestRecord) -> int | None:
     """Tokens of `cur`'s prompt that were not in the previous turn's prompt + reply: exact from ids
     when both are known, else from usage counts; a first turn (or one after a gap) is all new."""
@@ -292,15 +300,16 @@ def prefix_reuse(
     prompt = cached = new = 0
     known = True
     for rs in tasks.values():
-        rs.sort(key=lambda r: r.turn)
+        rs.sort(key=_turn)
         prev = None
         for r in rs:
-            n_new = _new_prompt_tokens(prev if prev is not None and r.turn == prev.turn + 1 else None, r)
+            n_new = _new_prompt_tokens(prev if prev is not None and _turn(r) == _turn(prev) + 1 else None, r)
             if n_new is None or r.cached_tokens is None:
                 known = False
             else:
                 if r is rs[0] and shared_prefix:
                     n_new -= min(shared_prefix, n_new)
+                assert r.prompt_tokens is not None  # else _new_prompt_tokens returned None
                 prompt, cached, new = prompt + r.prompt_tokens, cached + r.cached_tokens, new + n_new
             prev = r
     if tasks and shared_prefix:

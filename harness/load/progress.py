@@ -28,7 +28,7 @@ class LiveProgress:
         self.progress.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.progress.__exit__(*exc)
 
     def level_start(self, conc: int, expected: int | None) -> None:

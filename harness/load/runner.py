@@ -29,7 +29,7 @@ import httpx
 from harness.load.client import RequestRecord, RequestSpec, stream_request
 from harness.load.server import ManagedServer, alive
 from harness.load.slo import SLO
-from harness.load.workloads import Task, WorkloadConfig, arrival_times, make_tasks
+from harness.load.workloads import Api, Task, WorkloadConfig, arrival_times, make_tasks
 
 
 @dataclass
@@ -73,7 +73,7 @@ def level_tasks(cfg: LoadConfig, conc: int) -> int | None:
     return cfg.tasks_per_conc * conc
 
 
-async def probe_api(client: httpx.AsyncClient, cfg: LoadConfig, headers: dict[str, str] | None) -> str:
+async def probe_api(client: httpx.AsyncClient, cfg: LoadConfig, headers: dict[str, str] | None) -> Api:
     """Send one short request; return "tokens" if the server streams back token ids, else "chat"."""
     body = {
         "model": cfg.workload.model,

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -82,7 +82,8 @@ def _ids(rng: random.Random, n: int) -> list[int]:
 
 def _text(rng: random.Random, n: int) -> str:
     """n ASCII characters of lowercase pseudo-words (n tokens under the synthetic tokenizer)."""
-    out, letters = [], "abcdefghijklmnopqrstuvwxyz"
+    out: list[str] = []
+    letters = "abcdefghijklmnopqrstuvwxyz"
     while len(out) < n:
         out.extend(rng.choice(letters) for _ in range(rng.randint(2, 7)))
         out.append(" ")
@@ -118,7 +119,7 @@ class Task:
             body.update(ignore_eos=True, min_tokens=cfg.output_len)
         rid = f"t{self.task_id}-{self.turn}"
         turn = None if cfg.kind == "fixed" else self.turn
-        common = dict(request_id=rid, agent_id=self.agent_id, task_id=self.task_id, turn=turn)
+        common: dict[str, Any] = dict(request_id=rid, agent_id=self.agent_id, task_id=self.task_id, turn=turn)
         if cfg.api == "tokens":
             body.update(prompt=list(self.ids), return_token_ids=True)
             return RequestSpec(
