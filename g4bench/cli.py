@@ -10,7 +10,18 @@ from __future__ import annotations
 
 import typer
 
-from g4bench.commands import capacity, gate, generate, plot, revalidate, roofline, serve, serve_load, verify
+from g4bench.commands import (
+    calibrate,
+    capacity,
+    gate,
+    generate,
+    plot,
+    revalidate,
+    roofline,
+    serve,
+    serve_load,
+    verify,
+)
 
 app = typer.Typer(
     name="g4bench",
@@ -27,5 +38,6 @@ app.command("roofline")(roofline.roofline)
 app.command("plot")(plot.plot)
 app.command("gate")(gate.gate)
 app.command("capacity")(capacity.capacity)
+app.command("calibrate")(calibrate.calibrate)
 app.command("serve")(serve.serve)
 app.command("serve-load")(serve_load.serve_load)
