@@ -30,6 +30,7 @@ AGENT_CTX = (4096, 8192, 16384, 32768)
 CSV_FIELDS = (
     "model", "target", "kv_dtype", "sliding_kv", "agents", "agent_ctx", "row_bytes", "overhead_bytes",
     "overhead_source", "need_bytes", "limit_bytes", "fits", "headroom_bytes", "headroom_pct", "max_agents",
+    "step_ms", "step_basis", "tok_per_s", "usd_per_m_tokens", "meets_tpot",
 )  # fmt: skip
 
 
@@ -107,5 +108,5 @@ def write_admission_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
         w = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
         w.writeheader()
         for r in rows:
-            w.writerow({k: r[k] for k in CSV_FIELDS})
+            w.writerow({k: r.get(k) for k in CSV_FIELDS})
     return Path(path)

@@ -264,7 +264,7 @@ def _versions(run_dirs: list[Path]) -> dict[str, str]:
             env = r.get("env", {})
             return {
                 k: str(env[k])
-                for k in ("g4bench_version", "git_revision", "jax_version", "jaxlib_version")
+                for k in ("g4bench_version", "git_rev", "jax_version", "jaxlib_version")
                 if k in env
             }
     return {}

@@ -41,6 +41,10 @@ def capacity(
             help="Prefill tokens per row per call to size, comma-separated (≥ ctx = one-shot), e.g. 256,8192."
         ),
     ] = None,
+    tpot_ms: Annotated[
+        float | None,
+        typer.Option(help="TPOT objective in ms: adds the largest batch whose predicted step meets it."),
+    ] = None,
     tol: Annotated[float, typer.Option(help="Stop when hi − lo ≤ max(1, tol·lo).")] = 0.02,
     mem_limit_gib: Annotated[
         float | None,
@@ -57,7 +61,7 @@ def capacity(
 ) -> None:
     """Find the largest decode batch that fits, by bisection (one fresh process per probe, to within 2%).
 
-    Local: each probe allocates the cache and runs the step under a memory cap; the measured ceiling is printed beside the ceiling predicted by compiling the same step for this device. TPU targets: each probe compiles for the chip's topology on this host (no TPU needed); the compiler's HBM OOM means "does not fit". Prints ceilings with the memory breakdown and step time, predicted ÷ reference (TPU v6e-1 measurements), donated ÷ copying, ring ÷ full, an agent-fleet admission table; writes results.jsonl, summary.csv, admission.csv, plots/ to the run folder.
+    Local: each probe allocates the cache and runs the step under a memory cap; the measured ceiling is printed beside the ceiling predicted by compiling the same step for this device. TPU targets: each probe compiles for the chip's topology on this host (no TPU needed); the compiler's HBM OOM means "does not fit". Prints ceilings with the memory breakdown and step time, predicted ÷ reference (TPU v6e-1 measurements), donated ÷ copying, ring ÷ full, an agent-fleet admission table; each ceiling's step time from the target's step-time profile (configs/profiles; else the roofline lower bound), tok/s and $/M tokens, and with --tpot-ms the latency ceiling beside the memory one; writes results.jsonl, summary.csv, admission.csv, plots/ to the run folder.
     """
     import sys
 
@@ -77,6 +81,7 @@ def capacity(
         "layers": layers,
         "prefill_tokens": tuple(int(t) for t in _split(prefill) or ()),
         "tol": tol,
+        "tpot_ms": tpot_ms,
         "mem_limit_bytes": int(mem_limit_gib * 2**30) if mem_limit_gib else None,
         "timeout_s": timeout,
     }
