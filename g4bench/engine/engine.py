@@ -54,6 +54,9 @@ class EngineConfig:
     chunk_size: int = 256
     donate: bool = True
     min_kv_bucket: int = 512
+    # Decode also returns its f32 [slots, V] logits (Engine.last_logits: tests, verify). Off when
+    # serving: at 170 slots × 262,144 that output alone is 0.18 GB of HBM that could hold KV.
+    keep_logits: bool = False
 
     def __post_init__(self) -> None:
         if self.sliding_kv not in ("ring", "full"):
@@ -103,7 +106,7 @@ class Engine:
         self.cache = init_cache(cfg, self.ecfg.max_slots, self.layout)
         self.sampling = SamplingState.greedy(self.ecfg.max_slots)
         self.eos_token_ids = frozenset(cfg.eos_token_ids)
-        self.last_logits: jax.Array | None = None  # logits of the most recent call (tests, verify)
+        self.last_logits: jax.Array | None = None  # most recent call's logits (decode: keep_logits only)
         donate = (1,) if self.ecfg.donate else ()
         self._prefill = jax.jit(
             partial(_prefill_step, cfg=cfg, layout=self.layout, cdt=self.compute_dtype),
@@ -111,7 +114,13 @@ class Engine:
             donate_argnums=donate,
         )
         self._decode = jax.jit(
-            partial(_decode_step, cfg=cfg, layout=self.layout, cdt=self.compute_dtype),
+            partial(
+                _decode_step,
+                cfg=cfg,
+                layout=self.layout,
+                cdt=self.compute_dtype,
+                keep_logits=self.ecfg.keep_logits,
+            ),
             static_argnames=("kv_len",),
             donate_argnums=donate,
         )
@@ -279,7 +288,10 @@ def _prefill_step(params, cache, sampling, tokens, start, n_valid, slot, *, cfg,
     return cache, logits[0], nxt[0]
 
 
-def _decode_step(params, cache, sampling, tokens, positions, active, *, cfg, layout, cdt, kv_len):
+def _decode_step(
+    params, cache, sampling, tokens, positions, active, *, cfg, layout, cdt, kv_len, keep_logits=False
+):
+    """Every slot one token: (cache, logits f32 [S, V] if keep_logits else None, next ids i32 [S])."""
     logits, cache = forward(
         params,
         tokens[:, None],
@@ -291,7 +303,7 @@ def _decode_step(params, cache, sampling, tokens, positions, active, *, cfg, lay
         kv_len=kv_len,
         compute_dtype=cdt,
     )
-    return cache, logits, sample(logits, positions, sampling, cfg.eos_token_ids)
+    return cache, (logits if keep_logits else None), sample(logits, positions, sampling, cfg.eos_token_ids)
 
 
 def _copy_row(cache, src, dst):
