@@ -35,13 +35,10 @@ class Pricing:
     @property
     def basis(self) -> str:
         if self.profile is not None:
-            m = self.profile.model("decode")
-            band = m.error_band_pct
-            return (
-                f"profile {self.profile.device} (± {band:.1f}% held out)"
-                if band
-                else f"profile {self.profile.device}"
-            )
+            band = self.profile.model("decode").error_band_pct
+            ref = self.profile.engine.startswith("reference")
+            whose = "reference engine's step priced on our bytes, " if ref else ""
+            return f"profile {self.profile.device} ({whose}± {band or 0:.1f}% held out)"
         return "roofline lower bound"
 
 
