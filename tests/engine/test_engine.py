@@ -112,9 +112,9 @@ def ref(seq, full_forward):
 
 def make_engine(cfg, params, **kw):
     base = dict(
-        max_slots=3, max_len=MAX_LEN, kv_dtype="f32", sliding_kv="full", chunk_size=32, min_kv_bucket=32,
-        keep_logits=True,
+        max_slots=3, max_len=MAX_LEN, kv_dtype="f32", sliding_kv="full", chunk_size=32, min_kv_bucket=32
     )
+    base["keep_logits"] = True  # tests read Engine.last_logits after decode
     return Engine(cfg, params, EngineConfig(**{**base, **kw}), compute_dtype=jnp.float32)
 
 
