@@ -195,7 +195,7 @@ def run_capacity(req: dict[str, Any], *, out: Path | None, argv: list[str], cons
         record(
             f"latency/{row['name']}",
             {"ceiling": row["name"], "tpot_ms": s.tpot_ms},
-            {"record": "latency", **row},
+            {"record": "latency", **{k: v for k, v in row.items() if k != "name"}},
         )
     for row in rows:
         record(f"admission/{row['kv_dtype']}/sliding-{row['sliding_kv']}/agents{row['agents']}/ctx{row['agent_ctx']}",
