@@ -11,6 +11,7 @@ from __future__ import annotations
 import typer
 
 from g4bench.commands import (
+    calibrate,
     capacity,
     device_check,
     doctor,
@@ -39,6 +40,7 @@ app.command("roofline")(roofline.roofline)
 app.command("plot")(plot.plot)
 app.command("gate")(gate.gate)
 app.command("capacity")(capacity.capacity)
+app.command("calibrate")(calibrate.calibrate)
 app.command("serve")(serve.serve)
 app.command("serve-load")(serve_load.serve_load)
 app.command("doctor")(doctor.doctor)

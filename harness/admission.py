@@ -41,6 +41,7 @@ CSV_FIELDS = (
     "model", "target", "kv_dtype", "sliding_kv", "agents", "agent_ctx", "row_bytes", "overhead_bytes",
     "overhead_source", "need_bytes", "limit_bytes", "fits", "headroom_bytes", "headroom_pct", "max_agents",
     "shared_prefix", "shared_bytes",
+    "step_ms", "step_basis", "tok_per_s", "usd_per_m_tokens", "meets_tpot",
 )  # fmt: skip
 
 
@@ -137,5 +138,5 @@ def write_admission_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
         w = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
         w.writeheader()
         for r in rows:
-            w.writerow({k: r[k] for k in CSV_FIELDS})
+            w.writerow({k: r.get(k) for k in CSV_FIELDS})
     return Path(path)

@@ -285,6 +285,7 @@ class Settings:
     timeout_s: float
     tol: float
     prefill_tokens: tuple[int, ...]
+    tpot_ms: float | None = None  # TPOT objective: adds latency ceilings (harness/capacity_latency.py)
 
 
 def configurations(s: Settings) -> list[CapacityConfig]:

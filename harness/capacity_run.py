@@ -142,6 +142,7 @@ def resolve_settings(req: dict[str, Any], console: Any) -> Settings:
         timeout_s=float(timeout),
         tol=float(req["tol"] if req.get("tol") is not None else 0.02),
         prefill_tokens=tuple(req.get("prefill_tokens") or ()),
+        tpot_ms=req.get("tpot_ms"),
     )
 
 
@@ -149,6 +150,13 @@ def run_capacity(req: dict[str, Any], *, out: Path | None, argv: list[str], cons
     import psutil
 
     from harness.admission import admission_rows, write_admission_csv
+    from harness.capacity_latency import (
+        admission_latency_table,
+        annotate_admission,
+        ceiling_latency,
+        latency_table,
+        pricing_for,
+    )
     from harness.capacity_report import plot_capacity, render_ceilings
     from harness.env import host_env, merge_device
     from harness.hardware import load_hardware
@@ -215,6 +223,15 @@ def run_capacity(req: dict[str, Any], *, out: Path | None, argv: list[str], cons
         outcome.ceilings.append(record(cfg.name, cfg.config(), fields, dev))
     rows = admission_rows(outcome.ceilings, s, shared_prefix=int(req.get("shared_prefix") or 0))
     keys = ("kv_dtype", "sliding_kv", "agents", "agent_ctx", "model", "target", "shared_prefix")
+    pricing = pricing_for(s.target)
+    annotate_admission(rows, s, pricing, s.tpot_ms)
+    latency = ceiling_latency(outcome.ceilings, pricing, s.tpot_ms)
+    for row in latency:
+        record(
+            f"latency/{row['name']}",
+            {"ceiling": row["name"], "tpot_ms": s.tpot_ms},
+            {"record": "latency", **{k: v for k, v in row.items() if k != "name"}},
+        )
     for row in rows:
         shared = f"/shared{row['shared_prefix']}" if row["shared_prefix"] else ""
         record(f"admission/{row['kv_dtype']}/sliding-{row['sliding_kv']}/agents{row['agents']}/ctx{row['agent_ctx']}{shared}",
@@ -222,6 +239,9 @@ def run_capacity(req: dict[str, Any], *, out: Path | None, argv: list[str], cons
     write_admission_csv(run_dir / "admission.csv", rows)
     write_summary(run_dir, records)
     render_ceilings(outcome.ceilings, rows, s, console)
+    console.print(latency_table(latency, pricing, s.tpot_ms))
+    if rows:
+        console.print(admission_latency_table(rows, pricing, s.tpot_ms))
     paths = plot_capacity(records, run_dir, run_dir / "plots", console)
     for p in paths:
         console.print(f"wrote {p}", soft_wrap=True)

@@ -142,6 +142,7 @@ def ours_logits(
         sliding_kv=sliding_kv,
         chunk_size=chunk,
         min_kv_bucket=max_len,
+        keep_logits=True,
     )
     engine = Engine(cfg, params, ecfg, compute_dtype=jnp.float32)
     from g4bench.engine.sampling import SamplingParams

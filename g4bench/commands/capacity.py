@@ -20,10 +20,10 @@ def _split(value: str | None) -> tuple[str, ...] | None:
 def capacity(
     ctx: Annotated[int, typer.Option(help="Context length (KV positions) of every sequence.")] = 8192,
     model: Annotated[str, typer.Option(help="Model: e2b, e4b, a tiny-* preset or a config .json.")] = "e2b",
-    kv: Annotated[str, typer.Option(help="KV dtypes, comma-separated: bf16,int8.")] = "bf16,int8",
+    kv_dtype: Annotated[str, typer.Option(help="KV dtypes, comma-separated: bf16,int8.")] = "bf16,int8",
     step: Annotated[str, typer.Option(help="Decode step variants: donated,copying.")] = "donated,copying",
     ple: Annotated[str, typer.Option(help="PLE table formats: bf16,int8,int4.")] = "bf16",
-    sliding: Annotated[
+    sliding_kv: Annotated[
         str, typer.Option(help="Sliding-layer KV: full (max_len) and/or ring (window-sized).")
     ] = "full,ring",
     target: Annotated[
@@ -40,6 +40,10 @@ def capacity(
         typer.Option(
             help="Prefill tokens per row per call to size, comma-separated (≥ ctx = one-shot), e.g. 256,8192."
         ),
+    ] = None,
+    tpot_ms: Annotated[
+        float | None,
+        typer.Option(help="TPOT objective in ms: adds the largest batch whose predicted step meets it."),
     ] = None,
     tol: Annotated[float, typer.Option(help="Stop when hi − lo ≤ max(1, tol·lo).")] = 0.02,
     mem_limit_gib: Annotated[
@@ -61,7 +65,7 @@ def capacity(
 ) -> None:
     """Find the largest decode batch that fits, by bisection (one fresh process per probe, to within 2%).
 
-    Local: each probe allocates the cache and runs the step under a memory cap; the measured ceiling is printed beside the ceiling predicted by compiling the same step for this device. TPU targets: each probe compiles for the chip's topology on this host (no TPU needed); the compiler's HBM OOM means "does not fit". Prints ceilings with the memory breakdown and step time, predicted ÷ reference (TPU v6e-1 measurements), donated ÷ copying, ring ÷ full, an agent-fleet admission table; writes results.jsonl, summary.csv, admission.csv, plots/ to the run folder.
+    Local: each probe allocates the cache and runs the step under a memory cap; the measured ceiling is printed beside the ceiling predicted by compiling the same step for this device. TPU targets: each probe compiles for the chip's topology on this host (no TPU needed); the compiler's HBM OOM means "does not fit". Prints ceilings with the memory breakdown and step time, predicted ÷ reference (TPU v6e-1 measurements), donated ÷ copying, ring ÷ full, an agent-fleet admission table; each ceiling's step time from the target's step-time profile (configs/profiles; else the roofline lower bound), tok/s and $/M tokens, and with --tpot-ms the latency ceiling beside the memory one; writes results.jsonl, summary.csv, admission.csv, plots/ to the run folder.
     """
     import sys
 
@@ -73,14 +77,15 @@ def capacity(
     requested: dict[str, Any] = {
         "ctx": ctx,
         "model": model,
-        "kv": _split(kv),
+        "kv": _split(kv_dtype),
         "steps": _split(step),
         "ple": _split(ple),
-        "sliding": _split(sliding),
+        "sliding": _split(sliding_kv),
         "target": target,
         "layers": layers,
         "prefill_tokens": tuple(int(t) for t in _split(prefill) or ()),
         "tol": tol,
+        "tpot_ms": tpot_ms,
         "mem_limit_bytes": int(mem_limit_gib * 2**30) if mem_limit_gib else None,
         "timeout_s": timeout,
         "shared_prefix": shared_prefix,

@@ -70,6 +70,9 @@ class EngineConfig:
     block_size: int = 16
     kv_blocks: int | None = None  # paged "full"-group blocks; None: max_slots × max_len / block_size
     cached_windows: int = 4  # paged: cached sliding windows per slot, beyond the running sequences'
+    # Decode also returns its f32 [slots, V] logits (Engine.last_logits: tests, verify). Off when
+    # serving: at 170 slots × 262,144 that output alone is 0.18 GB of HBM that could hold KV.
+    keep_logits: bool = False
 
     def __post_init__(self) -> None:
         if self.sliding_kv not in ("ring", "full"):
@@ -172,7 +175,7 @@ class Engine:
         self.tables = default_tables(cfg, self.ecfg, self.layout)
         self.sampling = SamplingState.greedy(self.ecfg.max_slots)
         self.eos_token_ids = frozenset(cfg.eos_token_ids)
-        self.last_logits: jax.Array | None = None  # logits of the most recent call (tests, verify)
+        self.last_logits: jax.Array | None = None  # most recent call's logits (decode: keep_logits only)
         donate = (1,) if self.ecfg.donate else ()
         self._prefill = jax.jit(
             partial(_prefill_step, cfg=cfg, layout=self.layout, cdt=self.compute_dtype),
@@ -180,7 +183,13 @@ class Engine:
             donate_argnums=donate,
         )
         self._decode = jax.jit(
-            partial(_decode_step, cfg=cfg, layout=self.layout, cdt=self.compute_dtype),
+            partial(
+                _decode_step,
+                cfg=cfg,
+                layout=self.layout,
+                cdt=self.compute_dtype,
+                keep_logits=self.ecfg.keep_logits,
+            ),
             static_argnames=("kv_len",),
             donate_argnums=donate,
         )
@@ -369,8 +378,9 @@ def _prefill_step(params, cache, sampling, tokens, start, n_valid, slot, tables,
 
 
 def _decode_step(
-    params, cache, sampling, tokens, positions, active, tables=None, *, cfg, layout, cdt, kv_len
+    params, cache, sampling, tokens, positions, active, tables=None, *, cfg, layout, cdt, kv_len, keep_logits=False
 ):
+    """Every slot one token: (cache, logits f32 [S, V] if keep_logits else None, next ids i32 [S])."""
     logits, cache = forward(
         params,
         tokens[:, None],
@@ -383,7 +393,7 @@ def _decode_step(
         compute_dtype=cdt,
         tables=tables,
     )
-    return cache, logits, sample(logits, positions, sampling, cfg.eos_token_ids)
+    return cache, (logits if keep_logits else None), sample(logits, positions, sampling, cfg.eos_token_ids)
 
 
 def _copy_row(cache, src, dst):

@@ -115,6 +115,7 @@ def make_engine(cfg, params, **kw):
         max_slots=3, max_len=MAX_LEN, kv_dtype="f32", sliding_kv="full", chunk_size=32, min_kv_bucket=32,
         kv_layout="contiguous", block_size=4,
     )  # fmt: skip
+    base["keep_logits"] = True  # tests read Engine.last_logits after decode
     return Engine(cfg, params, EngineConfig(**{**base, **kw}), compute_dtype=jnp.float32)
 
 

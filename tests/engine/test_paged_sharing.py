@@ -48,7 +48,7 @@ def params(cfg):
 def make_engine(cfg, params, **kw):
     base = dict(
         max_slots=3, max_len=MAX_LEN, kv_dtype="f32", sliding_kv="ring", chunk_size=16, min_kv_bucket=32,
-        kv_layout="paged", block_size=4,
+        kv_layout="paged", block_size=4, keep_logits=True,  # tests read Engine.last_logits after decode
     )  # fmt: skip
     return Engine(cfg, params, EngineConfig(**{**base, **kw}), compute_dtype=jnp.float32)
 

@@ -76,6 +76,7 @@ def make_engine(cfg, params, sliding) -> Engine:
         sliding_kv=sliding,
         chunk_size=PROMPT,
         min_kv_bucket=MAX_LEN,
+        keep_logits=True,
     )
     assert CHUNK in ecfg.chunk_buckets and PROMPT in ecfg.chunk_buckets
     return Engine(cfg, params, ecfg, compute_dtype=jnp.float32)
@@ -181,6 +182,8 @@ def test_w4a16_dequantization_is_bit_exact(ct_model):
         ours_jnp = np.asarray(unpack(jnp.asarray(packed), jnp.asarray(scale), jnp.float32))
         assert ours_np.view(np.uint32).tolist() == want.view(np.uint32).tolist(), name
         assert ours_jnp.view(np.uint32).tolist() == want.view(np.uint32).tolist(), name
+        ours_bf16 = np.asarray(unpack(jnp.asarray(packed), jnp.asarray(scale), jnp.bfloat16))  # accelerators
+        assert ours_bf16.astype(np.float32).view(np.uint32).tolist() == want.view(np.uint32).tolist(), name
 
 
 def test_w4a16_checkpoint_loads_packed(ct_model):
