@@ -171,7 +171,7 @@ def render_verdicts(ratios: Sequence[dict[str, Any]], summary: dict[str, Any] | 
         table.add_column("verdict", no_wrap=True)
         for r in rows:
             table.add_row(
-                r["name"].split("/", 1)[1] if "/" in r["name"] else r["name"],
+                r["name"] if effect == "ple" else r["name"].split("/", 1)[1],
                 f"{r['ratio']:.3f}",
                 f"{r['ci95_lo']:.3f}–{r['ci95_hi']:.3f}",
                 "real" if r["rule_2iqr"] == "real" else "noise",
