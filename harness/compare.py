@@ -32,7 +32,6 @@ from dataclasses import dataclass
 import numpy as np
 
 FASTER, SLOWER, EQUIVALENT, INCONCLUSIVE = "faster", "slower", "equivalent", "inconclusive"
-WORDS = (FASTER, SLOWER, EQUIVALENT, INCONCLUSIVE)
 DEFAULT_FLOOR = 0.02
 N_BOOT = 4000
 MAX_ROUNDS_SHOWN = 99
@@ -96,10 +95,6 @@ class Comparison:
     floor: float
     rounds: int
     rounds_to_settle: int | None  # more rounds likely to settle an inconclusive one (None otherwise)
-
-    @property
-    def half_width_pct(self) -> float:
-        return 100.0 * (self.ci_hi - self.ci_lo) / 2.0 / self.ratio
 
 
 def word_for(ratio: float, lo: float, hi: float, floor: float) -> str:

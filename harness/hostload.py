@@ -24,7 +24,7 @@ window that window's reading.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import psutil
 
@@ -44,9 +44,6 @@ class HostLoad:
     @property
     def contaminated(self) -> bool:
         return self.other_cores > CONTAMINATED_CORES
-
-    def as_dict(self) -> dict[str, float | None]:
-        return asdict(self)
 
 
 def _busy(times: object) -> float:

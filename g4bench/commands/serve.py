@@ -116,14 +116,7 @@ def serve(
             max_connections=max_connections, idle_timeout_s=idle_timeout, shutdown_timeout_s=shutdown_timeout,
             served_model_name=served_model_name, kv_layout=kv_layout, cached_windows=cached_windows,
         )  # fmt: skip
-        ServerSettings(
-            max_body_bytes=max_body_bytes,
-            body_timeout_s=body_timeout,
-            queue_timeout_s=queue_timeout,
-            request_timeout_s=request_timeout,
-            engine_stall_s=engine_stall_timeout,
-            api_key=key,
-        )  # validates the limits before the model loads
+        spec.server_settings(key)  # validates the limits before the model loads
     except ValueError as err:
         raise typer.BadParameter(str(err)) from err
     code = run_server(spec, api_key=key)

@@ -67,6 +67,24 @@ class LaunchSpec:
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
 
+    def server_settings(self, api_key: str | None, on_engine_failure: Any = None) -> ServerSettings:
+        """The app's limits and security for this spec (raises ValueError on a bad limit)."""
+        from g4bench.server.security import is_loopback
+        from g4bench.server.settings import LOOPBACK_HOSTS
+
+        hosts = frozenset(self.allowed_hosts)
+        return ServerSettings(
+            max_body_bytes=self.max_body_bytes,
+            body_timeout_s=self.body_timeout_s,
+            queue_timeout_s=self.queue_timeout_s,
+            request_timeout_s=self.request_timeout_s,
+            engine_stall_s=self.engine_stall_s,
+            api_key=api_key,
+            protect_docs=self.protect_docs,
+            allowed_hosts=(LOOPBACK_HOSTS | hosts) if is_loopback(self.host) else (hosts or None),
+            on_engine_failure=on_engine_failure,
+        )
+
     def to_json(self) -> str:
         return json.dumps({f.name: getattr(self, f.name) for f in fields(self)})
 
@@ -94,25 +112,13 @@ def run_server(spec: LaunchSpec, api_key: str | None = None, console: Any = None
     from g4bench.engine.scheduler import Scheduler
     from g4bench.server.app import create_app
     from g4bench.server.security import is_loopback
-    from g4bench.server.settings import LOOPBACK_HOSTS
     from g4bench.server.tokenizer import load_tokenizer
     from g4bench.server.transport import StopOnEngineFailure, make_server, raise_fd_limit
 
     console = console or Console(stderr=True)
     loopback = is_loopback(spec.host)
-    hosts = frozenset(spec.allowed_hosts)
     stop_on_failure = StopOnEngineFailure() if spec.exit_on_engine_failure else None
-    settings = ServerSettings(
-        max_body_bytes=spec.max_body_bytes,
-        body_timeout_s=spec.body_timeout_s,
-        queue_timeout_s=spec.queue_timeout_s,
-        request_timeout_s=spec.request_timeout_s,
-        engine_stall_s=spec.engine_stall_s,
-        api_key=api_key,
-        protect_docs=spec.protect_docs,
-        allowed_hosts=(LOOPBACK_HOSTS | hosts) if loopback else (hosts or None),
-        on_engine_failure=stop_on_failure,
-    )
+    settings = spec.server_settings(api_key, stop_on_failure)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not loopback and api_key is None:
         console.print(
