@@ -41,6 +41,7 @@ CHILD_ENV_VAR = "G4BENCH_REVALIDATE_CHILD"
 PROBE_ENV_VAR = "G4BENCH_REVALIDATE_PROBE"
 DEFAULT_TIMEOUT_S = 1800.0  # the reference harness's per-configuration limit
 CASE_FIELDS = ("layers", "ple", "kv_dtype", "donate", "sliding_kv", "embed")
+KV_LAYOUTS = ("contiguous", "paged")
 
 
 class RevalidateError(ValueError):
@@ -118,18 +119,19 @@ class SweepSettings:
     floor: float = 0.02
     aa: int = 0  # A/A pairs of one point (0: the grid's comparisons)
     cpus: tuple[int, ...] | None = None
+    kv_layouts: tuple[str, ...] = ("contiguous",)  # each grid point in each layout (paged: 16-token blocks)
     timeout_s: float = DEFAULT_TIMEOUT_S
     mem_limit_bytes: int | None = None
 
     def identity(self) -> dict[str, Any]:
         """The fields that define the measurement (a resumed run must match them)."""
-        keys = ("model", "batches", "ctxs", "rounds", "samples", "warmup", "seed", "layers", "aa")
+        keys = ("model", "batches", "ctxs", "rounds", "samples", "warmup", "seed", "layers", "aa", "kv_layouts")
         return {k: getattr(self, k) for k in keys}
 
     @classmethod
     def from_json(cls, stored: dict[str, Any]) -> SweepSettings:
         known = {k: v for k, v in stored.items() if k in cls.__dataclass_fields__}
-        for k in ("batches", "ctxs", "cpus"):
+        for k in ("batches", "ctxs", "cpus", "kv_layouts"):
             if known.get(k) is not None:
                 known[k] = tuple(known[k])
         return cls(**known)
@@ -187,17 +189,22 @@ def select_configs(configs: Sequence[SweepConfig], patterns: Sequence[str] | Non
 
 
 def sweep_points(configs: Sequence[SweepConfig], settings: SweepSettings) -> list[Point]:
-    """Configurations × batches × contexts (names gain ``/b<B>/ctx<C>`` when either list has more
-    than one value); with `settings.aa`, N pairs ``aa<i>-A`` / ``aa<i>-B`` of the single point."""
+    """Configurations × KV layouts × batches × contexts (names gain ``/paged`` for the paged layout and
+    ``/b<B>/ctx<C>`` when either shape list has more than one value); with `settings.aa`, N pairs
+    ``aa<i>-A`` / ``aa<i>-B`` of the single point."""
     multi = len(settings.batches) > 1 or len(settings.ctxs) > 1
     points = []
     for cfg in configs:
-        for batch in settings.batches:
-            for ctx in settings.ctxs:
-                case = {**cfg.case, "model": settings.model, "batch": batch, "ctx": ctx}
-                if settings.layers is not None:
-                    case["layers"] = settings.layers
-                points.append(Point(cfg.name + (f"/b{batch}/ctx{ctx}" if multi else ""), case))
+        for layout in settings.kv_layouts:
+            for batch in settings.batches:
+                for ctx in settings.ctxs:
+                    case = {**cfg.case, "model": settings.model, "batch": batch, "ctx": ctx}
+                    if settings.layers is not None:
+                        case["layers"] = settings.layers
+                    if layout != "contiguous":
+                        case["kv_layout"] = layout
+                    name = cfg.name + ("/paged" if layout == "paged" else "")
+                    points.append(Point(name + (f"/b{batch}/ctx{ctx}" if multi else ""), case))
     if not settings.aa:
         return points
     if len(points) != 1:
@@ -242,6 +249,9 @@ def resolve_settings(
     )
     if min((*settings.batches, *settings.ctxs, settings.rounds, settings.samples)) < 1 or settings.warmup < 0:
         raise RevalidateError("batch, ctx, rounds and samples must be >= 1 and warmup >= 0")
+    unknown_layouts = set(settings.kv_layouts) - set(KV_LAYOUTS)
+    if unknown_layouts or not settings.kv_layouts:
+        raise RevalidateError(f"--kv-layout takes {', '.join(KV_LAYOUTS)}; got {list(settings.kv_layouts)}")
     if settings.aa < 0 or not 0 <= settings.floor < 1:
         raise RevalidateError("--aa must be >= 0 and --floor-pct in [0, 100)")
     notes = []
@@ -319,7 +329,7 @@ def prepare_run(
     from harness.results import RECORDS_FILE, RunError, create_run_dir, read_env
     from harness.rounds import VISITS_FILE
 
-    extra_keys = ("timeout_s", "mem_limit_bytes", "cpus")
+    extra_keys = ("timeout_s", "mem_limit_bytes", "cpus", "kv_layouts")
     extra = {k: requested[k] for k in extra_keys if requested.get(k) is not None}
     if resume:
         if out is None:
@@ -517,7 +527,7 @@ def run_revalidate(
     console.print(
         f"revalidate on {platform} ({device.get('device_kind')}): model {settings.model}, "
         f"layers {settings.layers or 'as in the grid'}, batch {list(settings.batches)}, ctx "
-        f"{list(settings.ctxs)}; {len(points)} point(s) × {settings.rounds} round(s), each visit a fresh "
+        f"{list(settings.ctxs)}, KV layout {list(settings.kv_layouts)}; {len(points)} point(s) × {settings.rounds} round(s), each visit a fresh "
         f"process taking {settings.samples} samples after {settings.warmup} warmup; timeout "
         f"{settings.timeout_s:g} s per visit"
     )

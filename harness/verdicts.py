@@ -29,7 +29,9 @@ EFFECTS: tuple[tuple[str, str, Any, tuple[Any, ...]], ...] = (
     ("donation", "donate", False, (True,)),
     ("kv-int8", "kv_dtype", "bf16", ("int8",)),
     ("ple", "ple", "bf16", ("int8", "int4")),
+    ("paged", "kv_layout", "contiguous", ("paged",)),
 )
+_ABSENT = {"kv_layout": "contiguous"}  # a point that leaves the field out has this value
 _SHAPE_FIELDS = ("batch", "ctx")
 
 
@@ -42,6 +44,8 @@ def _group_label(case: dict[str, Any], varied: str, with_shape: bool) -> str:
         parts.append(f"kv-{case.get('kv_dtype')}")
     if varied != "donate":
         parts.append("donated" if case.get("donate") else "copying")
+    if varied != "kv_layout" and case.get("kv_layout") == "paged":
+        parts.append("paged")
     if with_shape:
         parts.append(f"b{case.get('batch')}/ctx{case.get('ctx')}")
     return "/".join(parts)
@@ -57,14 +61,14 @@ def _pairs(ok: Sequence[dict[str, Any]]) -> list[tuple[str, str, Any, Any, dict[
     out = []
     for effect, varied, ref_value, variants in EFFECTS:
         for ref in ok:
-            if ref["config"].get(varied) != ref_value:
+            if ref["config"].get(varied, _ABSENT.get(varied)) != ref_value:
                 continue
             fixed = {k: v for k, v in ref["config"].items() if k != varied}
             for var_value in variants:
                 match = [
                     r
                     for r in ok
-                    if r["config"].get(varied) == var_value
+                    if r["config"].get(varied, _ABSENT.get(varied)) == var_value
                     and {k: v for k, v in r["config"].items() if k != varied} == fixed
                 ]
                 if match:
@@ -141,6 +145,7 @@ _EFFECT_TITLES = {
     "donation": "donation: copying ÷ donated step time",
     "kv-int8": "int8 vs bf16 KV: bf16 ÷ int8 step time",
     "ple": "PLE format: bf16 ÷ quantized PLE step time",
+    "paged": "paged vs contiguous KV: contiguous ÷ paged step time",
     "aa": "A/A: identical configurations (any faster/slower is a false positive)",
 }
 _STYLE = {"faster": "bold green", "slower": "bold red", "equivalent": "cyan", "inconclusive": "yellow"}

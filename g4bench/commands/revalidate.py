@@ -41,6 +41,14 @@ def revalidate(
             help="Batch size(s), comma-separated, e.g. 1,8,32. (default: 32 on an accelerator; CPU default printed)"
         ),
     ] = None,
+    kv_layout: Annotated[
+        str | None,
+        typer.Option(
+            help="KV cache layout(s), comma-separated: contiguous, paged (block pools read by table, as the "
+            "server serves). Both: every configuration in each, with a paged-vs-contiguous verdict. "
+            "(default: contiguous)"
+        ),
+    ] = None,
     rounds: Annotated[
         int | None,
         typer.Option(
@@ -107,7 +115,7 @@ def revalidate(
 
     from rich.console import Console
 
-    from g4bench.commands.options import int_list
+    from g4bench.commands.options import int_list, str_list
     from harness.revalidate import RevalidateError, run_revalidate
 
     console = Console(stderr=True)
@@ -118,6 +126,7 @@ def revalidate(
         "model": model,
         "batches": int_list(batch, "--batch"),
         "ctxs": int_list(ctx, "--ctx"),
+        "kv_layouts": str_list(kv_layout),
         "rounds": rounds,
         "samples": samples,
         "warmup": warmup,

@@ -197,6 +197,22 @@ def test_points_cross_batches_and_contexts_and_aa_pairs():
         sweep_points(configs, one)
 
 
+def test_kv_layouts_double_the_points_and_name_the_paged_ones():
+    configs = select_configs(load_sweep(), ["ple-bf16/kv-bf16/donated"])
+    s = SweepSettings(
+        model="tiny-a", batches=(8, 32), ctxs=(64,), rounds=1, samples=1, warmup=0, kv_layouts=("contiguous", "paged")
+    )
+    points = {p.name: p.case for p in sweep_points(configs, s)}
+    assert set(points) == {
+        "ple-bf16/kv-bf16/donated/b8/ctx64",
+        "ple-bf16/kv-bf16/donated/b32/ctx64",
+        "ple-bf16/kv-bf16/donated/paged/b8/ctx64",
+        "ple-bf16/kv-bf16/donated/paged/b32/ctx64",
+    }
+    assert "kv_layout" not in points["ple-bf16/kv-bf16/donated/b8/ctx64"]  # names and hashes as before
+    assert points["ple-bf16/kv-bf16/donated/paged/b8/ctx64"]["kv_layout"] == "paged"
+
+
 # ------------------------------------------------------------------------------------ end to end
 
 
@@ -316,11 +332,33 @@ def test_failures_recorded_sweep_continues_and_resume_reruns_only_them(fake_env,
     assert len((out / "command.txt").read_text().splitlines()) == 2
 
 
+def test_paged_layout_gets_its_own_verdict_per_shape(fake_env):
+    out = fake_env / "run"
+    res = invoke(
+        "--config", "ple-bf16/kv-bf16/donated", "--model", "tiny-a", "--batch", "8,32", "--ctx", 512,
+        "--kv-layout", "contiguous,paged", "--rounds", 2, "--samples", 3, "--warmup", 0, "--out", out,
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    records = read_records(out)
+    assert len([r for r in records if r["kind"] == "revalidate"]) == 4
+    ratios = {r["name"]: r for r in records if r["kind"] == "ratio"}
+    assert set(ratios) == {"paged/ple-bf16/kv-bf16/donated/b8/ctx512", "paged/ple-bf16/kv-bf16/donated/b32/ctx512"}
+    paged = ratios["paged/ple-bf16/kv-bf16/donated/b8/ctx512"]
+    assert paged["config"]["reference"] == "contiguous" and paged["config"]["variant"] == "paged"
+    assert paged["denominator"].endswith("/paged/b8/ctx512") and paged["verdict"] in (
+        "equivalent", "inconclusive", "faster", "slower"
+    )  # fmt: skip
+    assert "paged vs contiguous" in res.output
+    assert json.loads((out / "env.json").read_text())["settings"]["kv_layouts"] == ["contiguous", "paged"]
+
+
 def test_unusable_requests_exit_2(fake_env):
     assert invoke("--config", "nope/*").exit_code == 2
     assert invoke("--all", "--config", "ple-bf16/*").exit_code == 2
     res = invoke("--resume", "--config", "ple-bf16/kv-bf16/donated")
     assert res.exit_code == 2 and "--out" in res.output
+    res = invoke("--config", "ple-bf16/kv-bf16/donated", "--kv-layout", "ring")
+    assert res.exit_code == 2 and "--kv-layout" in res.output
 
 
 @pytest.mark.slow
