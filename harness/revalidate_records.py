@@ -73,6 +73,7 @@ def measurement_record(
         )
     by_round = [[float(x) for x in r["step_ms_samples"]] for r in results]
     loads = [[float(x) for x in r.get("host_other_cores") or [0.0] * len(t)] for r, t in zip(results, by_round, strict=True)]
+    faults = [[int(x) for x in r.get("minor_faults") or []] for r in results]
     flat = [t for r in by_round for t in r]
     st = summarize(flat)
     lo, hi = median_ci(by_round, seed=settings.seed)
@@ -108,6 +109,7 @@ def measurement_record(
         step_ms_samples=flat,
         step_ms_by_round=by_round,
         host_other_cores_by_round=loads,
+        minor_faults_by_round=faults,
         contaminated_samples=int(contaminated),
         cpus=results[0].get("cpus"),
         **_cost_fields(point.case),

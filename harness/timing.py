@@ -9,17 +9,21 @@ Data flow (one child = one visit of one configuration)::
         warmup × state = bench.advance(state)      untimed: the buffers are touched and warm
         samples × [t0; state = bench.advance(state); t1]
         host load read over windows of ≥ MIN_WINDOW_S spanning whole samples (harness/hostload.py)
-    → {"step_ms_samples", "host_other_cores", "host_steal_frac", "host_freq_mhz", "compile_s", ...}
+    → {"step_ms_samples", "minor_faults", "host_other_cores", "host_steal_frac", "host_freq_mhz",
+       "compile_s", ...}
 
 Only the step sits between the two `perf_counter` calls. The state carries the cache from step to
 step (a donated step updates it in place, a copying one writes a new cache), so no sample pays for
-an allocation a server would not make. Benches without `advance` (tests' fakes, older probes) fall
+an allocation a server would not make. Each sample also carries the minor page faults the step
+took (getrusage): a step whose temporaries are faulted in afresh shows it there (harness/isolate.py's
+malloc tuning keeps that near zero on Linux). Benches without `advance` (tests' fakes, older probes) fall
 back to `step(fresh_inputs())` with the input building outside the timed region.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -36,35 +40,40 @@ def pin_threads(cpus: Sequence[int] | None) -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def _one_step(bench: Any, state: Any) -> tuple[Any, float]:
-    """(next state, milliseconds of the step alone)."""
+def _minor_faults() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+
+
+def _one_step(bench: Any, state: Any) -> tuple[Any, float, int]:
+    """(next state, milliseconds of the step alone, minor page faults during it)."""
     if hasattr(bench, "advance"):
-        t0 = time.perf_counter()
+        f0, t0 = _minor_faults(), time.perf_counter()
         state = bench.advance(state)
-        return state, (time.perf_counter() - t0) * 1e3
+        return state, (time.perf_counter() - t0) * 1e3, _minor_faults() - f0
     inputs = bench.fresh_inputs()
-    t0 = time.perf_counter()
+    f0, t0 = _minor_faults(), time.perf_counter()
     bench.step(inputs)
-    elapsed = (time.perf_counter() - t0) * 1e3
+    elapsed, faults = (time.perf_counter() - t0) * 1e3, _minor_faults() - f0
     del inputs
-    return state, elapsed
+    return state, elapsed, faults
 
 
 def time_steps(bench: Any, samples: int, warmup: int) -> dict[str, list[Any]]:
     """`samples` timed steps after `warmup` untimed ones, with the host's other load per sample.
 
-    Returns lists of equal length: ``step_ms``, ``other_cores``, ``steal_frac``, ``freq_mhz``."""
+    Returns lists of equal length: ``step_ms``, ``faults``, ``other_cores``, ``steal_frac``, ``freq_mhz``."""
     state = bench.fresh_inputs() if hasattr(bench, "advance") else None
     for _ in range(warmup):
-        state, _ = _one_step(bench, state)
+        state, _, _ = _one_step(bench, state)
     meter = HostLoadMeter()
-    out: dict[str, list[Any]] = {"step_ms": [], "other_cores": [], "steal_frac": [], "freq_mhz": []}
+    out: dict[str, list[Any]] = {"step_ms": [], "faults": [], "other_cores": [], "steal_frac": [], "freq_mhz": []}
     window: list[float] = []
     window_start = time.perf_counter()
     meter.start()
     for i in range(samples):
-        state, ms = _one_step(bench, state)
+        state, ms, faults = _one_step(bench, state)
         window.append(ms)
+        out["faults"].append(faults)
         last = i == samples - 1
         if last or time.perf_counter() - window_start >= MIN_WINDOW_S:
             load = meter.stop()
@@ -85,6 +94,7 @@ def measure_bench(bench: Any, samples: int, warmup: int) -> dict[str, Any]:
     timed = time_steps(bench, samples, warmup)
     return {
         "step_ms_samples": timed["step_ms"],
+        "minor_faults": timed["faults"],
         "host_other_cores": timed["other_cores"],
         "host_steal_frac": timed["steal_frac"],
         "host_freq_mhz": timed["freq_mhz"],

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import httpx
 
+from harness.isolate import host_tuning_env
+
 DEFAULT_CPU_MODEL = "small"  # synthetic preset sized for a 2-core CPU (named by the lead)
 DEFAULT_ACCEL_MODEL = "e2b"
 
@@ -71,7 +73,7 @@ class ManagedServer:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
-        env = dict(os.environ)
+        env = host_tuning_env()  # the same malloc tuning as every measuring child (harness/isolate.py)
         self.proc = subprocess.Popen(
             self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
