@@ -1,7 +1,8 @@
 """Result records and run folders: build, validate, append, read back, tabulate.
 
-A *record* is one JSON object per measurement (schema: harness/schema/result.schema.json), with
-units in field names and an `env` block (harness/env.py). A *run folder* ``results/<run-id>/``
+A *record* is one JSON object per measurement (one of the models in harness/records.py; the JSON
+Schema harness/schema/result.schema.json is generated from them), with units in field names and an
+`env` block (harness/env.py). A *run folder* ``results/<run-id>/``
 holds::
 
     results.jsonl   one record per line: measurements, failures, derived ratio records
@@ -30,8 +31,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
-SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "result.schema.json"
+from harness.records import SCHEMA_PATH, SCHEMA_VERSION
+
 BASELINES_DIR = Path(__file__).resolve().parents[1] / "configs" / "baselines"
 RECORDS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.csv"
