@@ -28,23 +28,23 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import re
 import tomllib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.run import CHILD_TIMEOUT_S, CPU_LAYERS, CPU_LAYERS_REASON, RequestError, RunFolder, on_cpu
+
 SWEEP_PATH = Path(__file__).resolve().parents[1] / "configs" / "sweeps" / "revalidate.toml"
 CHILD_TARGET = "harness.revalidate:revalidate_child"
 CHILD_ENV_VAR = "G4BENCH_REVALIDATE_CHILD"
 PROBE_ENV_VAR = "G4BENCH_REVALIDATE_PROBE"
-DEFAULT_TIMEOUT_S = 1800.0  # the reference harness's per-configuration limit
 CASE_FIELDS = ("layers", "ple", "kv_dtype", "donate", "sliding_kv", "embed")
 KV_LAYOUTS = ("contiguous", "paged")
 
 
-class RevalidateError(ValueError):
+class RevalidateError(RequestError):
     """Unusable request (unknown configuration, resume mismatch, no device); exit code 2."""
 
 
@@ -81,10 +81,8 @@ CPU_DEFAULTS = Shape(
     warmup=2,
     reason="CPU: batch 4 at the reference's ctx 8192 keeps 12 full-E2B configurations × 3 rounds to about "
     "15 minutes on 2 cores (~1 s per step)",
-    layers="f32",
-    layers_reason="CPU: W4A16 weights unpacked inside the step do not fuse on XLA's CPU backend "
-    "(~21 ms per 1536x12288 projection vs ~2.7 ms dense f32 at batch 1, ~5 s per E2B step), so the "
-    "grid's W4A16 layers are stored as dense f32 here; PLE and KV formats are measured as specified",
+    layers=CPU_LAYERS,
+    layers_reason=f"{CPU_LAYERS_REASON}; PLE and KV formats are measured as the grid specifies",
 )
 
 
@@ -120,7 +118,7 @@ class SweepSettings:
     aa: int = 0  # A/A pairs of one point (0: the grid's comparisons)
     cpus: tuple[int, ...] | None = None
     kv_layouts: tuple[str, ...] = ("contiguous",)  # each grid point in each layout (paged: 16-token blocks)
-    timeout_s: float = DEFAULT_TIMEOUT_S
+    timeout_s: float = CHILD_TIMEOUT_S
     mem_limit_bytes: int | None = None
 
     def identity(self) -> dict[str, Any]:
@@ -137,6 +135,27 @@ class SweepSettings:
         return cls(**known)
 
 
+@dataclass(frozen=True)
+class RevalidateRequest:
+    """The command line's values; None = not given (the platform's default, or on --resume the
+    stored run's value)."""
+
+    model: str | None = None
+    batches: tuple[int, ...] | None = None
+    ctxs: tuple[int, ...] | None = None
+    kv_layouts: tuple[str, ...] | None = None
+    rounds: int | None = None
+    samples: int | None = None
+    warmup: int | None = None
+    seed: int | None = None
+    floor: float | None = None
+    aa: int | None = None
+    cpus: tuple[int, ...] | None = None
+    layers: str | None = None
+    timeout_s: float | None = None
+    mem_limit_bytes: int | None = None
+
+
 @dataclass
 class SweepOutcome:
     """What a sweep produced: the run folder, its records, and what was skipped or failed."""
@@ -145,6 +164,10 @@ class SweepOutcome:
     measurements: list[dict[str, Any]] = field(default_factory=list)
     ratios: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return [*self.measurements, *self.ratios, *([self.summary] if self.summary else [])]
 
     @property
     def failures(self) -> list[dict[str, Any]]:
@@ -217,7 +240,7 @@ def sweep_points(configs: Sequence[SweepConfig], settings: SweepSettings) -> lis
 
 def defaults_for(platform: str | None) -> Shape:
     """CPU_DEFAULTS on the CPU, ACCELERATOR_DEFAULTS on a TPU or GPU."""
-    return CPU_DEFAULTS if platform in (None, "cpu") else ACCELERATOR_DEFAULTS
+    return CPU_DEFAULTS if on_cpu(platform) else ACCELERATOR_DEFAULTS
 
 
 def resolve_settings(
@@ -297,11 +320,6 @@ def child_payload(point: Point, settings: SweepSettings) -> dict[str, Any]:
     }
 
 
-def safe_name(name: str) -> str:
-    """A file-name-safe form of a configuration name (for its stderr log)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
-
-
 def child_target() -> str:
     """The child entry point: `CHILD_TARGET`, or the override in ``G4BENCH_REVALIDATE_CHILD``."""
     return os.environ.get(CHILD_ENV_VAR) or CHILD_TARGET
@@ -316,7 +334,7 @@ def probe_target() -> str:
 
 
 def prepare_run(
-    *, out: Path | None, resume: bool, results_root: Path, requested: dict[str, Any], platform: str | None
+    *, out: Path | None, resume: bool, results_root: Path, request: RevalidateRequest, platform: str | None
 ) -> tuple[Path, SweepSettings, str | None]:
     """Choose the run folder and the settings; returns (run_dir, settings, defaults note).
 
@@ -329,8 +347,9 @@ def prepare_run(
     from harness.results import RECORDS_FILE, RunError, create_run_dir, read_env
     from harness.rounds import VISITS_FILE
 
+    asked = asdict(request)
     extra_keys = ("timeout_s", "mem_limit_bytes", "cpus", "kv_layouts")
-    extra = {k: requested[k] for k in extra_keys if requested.get(k) is not None}
+    extra = {k: asked[k] for k in extra_keys if asked[k] is not None}
     if resume:
         if out is None:
             raise RevalidateError("--resume needs --out RUN_DIR (the run folder to continue)")
@@ -341,7 +360,6 @@ def prepare_run(
         if not isinstance(stored, dict):
             raise RevalidateError(f"cannot resume {out}: env.json has no settings")
         base = SweepSettings.from_json(stored)
-        asked = {**requested, "batches": _tuple(requested.get("batches")), "ctxs": _tuple(requested.get("ctxs"))}
         clash = {
             k: (v, getattr(base, k))
             for k, v in asked.items()
@@ -353,16 +371,16 @@ def prepare_run(
         return out, SweepSettings(**{**asdict(base), **extra}), None
     settings, note = resolve_settings(
         platform,
-        model=requested.get("model") or "e2b",
-        batches=requested.get("batches"),
-        ctxs=requested.get("ctxs"),
-        rounds=requested.get("rounds"),
-        samples=requested.get("samples"),
-        warmup=requested.get("warmup"),
-        layers=requested.get("layers"),
-        seed=requested.get("seed") or 0,
-        floor=requested["floor"] if requested.get("floor") is not None else 0.02,
-        aa=requested.get("aa") or 0,
+        model=request.model or "e2b",
+        batches=request.batches,
+        ctxs=request.ctxs,
+        rounds=request.rounds,
+        samples=request.samples,
+        warmup=request.warmup,
+        layers=request.layers,
+        seed=request.seed or 0,
+        floor=request.floor if request.floor is not None else 0.02,
+        aa=request.aa or 0,
         **extra,
     )
     if out is None:
@@ -375,17 +393,8 @@ def prepare_run(
     return out, settings, note
 
 
-def _tuple(value: Sequence[int] | None) -> tuple[int, ...] | None:
-    return tuple(value) if value is not None else None
-
-
 def run_sweep(
-    points: Sequence[Point],
-    settings: SweepSettings,
-    run_dir: Path,
-    *,
-    base_env: dict[str, Any],
-    console: Any = None,
+    points: Sequence[Point], settings: SweepSettings, run: RunFolder, *, console: Any = None
 ) -> SweepOutcome:
     """Visit every point once per round (fresh random order each round, one child per visit), log
     each visit, and rewrite the run's records after every round; returns the final outcome."""
@@ -399,16 +408,14 @@ def run_sweep(
         TimeRemainingColumn,
     )
 
-    from harness.isolate import run_isolated
     from harness.rounds import Visit, pending, plan_visits, read_visits, run_visits
 
     console = console or Console(stderr=True)
     by_name = {p.name: p for p in points}
     plan = plan_visits([p.name for p in points], settings.rounds, settings.seed)
-    todo = pending(plan, read_visits(run_dir))
+    todo = pending(plan, read_visits(run.path))
     if len(todo) < len(plan):
-        console.print(f"[dim]resume: {len(plan) - len(todo)} visit(s) already measured in {run_dir}[/dim]")
-    (run_dir / "logs").mkdir(exist_ok=True)
+        console.print(f"[dim]resume: {len(plan) - len(todo)} visit(s) already measured in {run.path}[/dim]")
     target = child_target()
     columns = (
         TextColumn("{task.description}"),
@@ -420,14 +427,8 @@ def run_sweep(
     )
 
     def measure(visit: Visit) -> dict[str, Any]:
-        log = run_dir / "logs" / f"{safe_name(visit.name)}-r{visit.round}.log"
-        return run_isolated(
-            target,
-            child_payload(by_name[visit.name], settings) | {"round": visit.round},
-            timeout_s=settings.timeout_s,
-            mem_limit_bytes=settings.mem_limit_bytes,
-            stderr_log=log,
-        )
+        payload = child_payload(by_name[visit.name], settings) | {"round": visit.round}
+        return run.child(target, payload, f"{visit.name}-r{visit.round}")
 
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("revalidate", total=len(todo))
@@ -436,26 +437,24 @@ def run_sweep(
             progress.console.print(_one_line(visit, result, settings.rounds))
             progress.advance(task)
             if visit.slot == len(points) - 1:  # a round is complete: refresh the records
-                write_outcome(points, settings, run_dir, base_env)
+                write_outcome(points, settings, run)
 
         for visit in todo:
             progress.update(task, description=f"r{visit.round + 1} {visit.name}")
-            run_visits([visit], run_dir, measure, on_visit)
-    return write_outcome(points, settings, run_dir, base_env)
+            run_visits([visit], run.path, measure, on_visit)
+    return write_outcome(points, settings, run)
 
 
-def write_outcome(
-    points: Sequence[Point], settings: SweepSettings, run_dir: Path, base_env: dict[str, Any]
-) -> SweepOutcome:
+def write_outcome(points: Sequence[Point], settings: SweepSettings, run: RunFolder) -> SweepOutcome:
     """Records from every logged visit: measurements, ratios, the run summary → results.jsonl,
     summary.csv (atomically rewritten, so a killed sweep keeps the last complete round)."""
-    from harness.results import rewrite_records, run_id_of, write_summary
+    from harness.results import rewrite_records, write_summary
     from harness.revalidate_records import measurement_record, summary_record
     from harness.rounds import group_by_name, read_visits
     from harness.verdicts import ratio_records
 
-    run_id = run_id_of(run_dir)
-    grouped = group_by_name(read_visits(run_dir), settings.rounds)
+    run_id, base_env = run.run_id, run.base_env
+    grouped = group_by_name(read_visits(run.path), settings.rounds)
     meas = []
     for p in points:
         results = [r for r in grouped.get(p.name, []) if r is not None]
@@ -463,20 +462,21 @@ def write_outcome(
             meas.append(measurement_record(p, results, settings, run_id=run_id, base_env=base_env))
     ratios = ratio_records(meas, run_id=run_id, base_env=base_env, floor=settings.floor, seed=settings.seed)
     summary = summary_record(meas, ratios, settings, run_id=run_id, base_env=base_env)
-    records = [*meas, *ratios, summary]
-    rewrite_records(run_dir, records)
-    write_summary(run_dir, records)
-    return SweepOutcome(run_dir=run_dir, measurements=meas, ratios=ratios, summary=summary)
+    outcome = SweepOutcome(run_dir=run.path, measurements=meas, ratios=ratios, summary=summary)
+    rewrite_records(run.path, outcome.records)
+    write_summary(run.path, outcome.records)
+    return outcome
 
 
 def _one_line(visit: Any, result: dict[str, Any], rounds: int) -> str:
     """Progress line for one finished visit (rich markup)."""
-    tag = f"r{visit.round + 1}/{rounds} {visit.name}"
-    if "failure" in result:
-        f = result["failure"]
-        return f"[red]✗ {tag}: {f['kind']} — {f['detail']}[/red]"
     import statistics
 
+    from harness.run import failure_line
+
+    tag = f"r{visit.round + 1}/{rounds} {visit.name}"
+    if (line := failure_line(tag, result)) is not None:
+        return line
     med = statistics.median(result["step_ms_samples"])
     busy = max(result.get("host_other_cores") or [0.0])
     flag = f" [yellow](host busy: {busy:.2f} cores)[/yellow]" if busy > 0.2 else ""
@@ -489,7 +489,7 @@ def _one_line(visit: Any, result: dict[str, Any], rounds: int) -> str:
 def run_revalidate(
     *,
     patterns: Sequence[str] | None,
-    requested: dict[str, Any],
+    request: RevalidateRequest,
     out: Path | None,
     resume: bool,
     argv: Sequence[str],
@@ -497,29 +497,20 @@ def run_revalidate(
     sweep_path: Path = SWEEP_PATH,
     console: Any = None,
 ) -> SweepOutcome:
-    """The whole command: select, probe the device, settle settings, run, write, print, plot.
-
-    `requested` holds the command-line values (None = not given): model, batches, ctxs, rounds,
-    samples, warmup, seed, layers, floor, aa, cpus, timeout_s, mem_limit_bytes. Raises
-    `RevalidateError` for unusable requests."""
+    """The whole command: select the grid, settle settings, run the rounds, print the verdicts; the
+    run folder's lifecycle (probe, folder, command, env, summary, plots) is harness/run.py's.
+    Raises `RevalidateError` (a `RequestError`) for unusable requests."""
     from rich.console import Console
 
-    from harness.env import host_env, merge_device, probe_device
-    from harness.plots import plot_run
-    from harness.results import write_command, write_env
+    from harness.run import finish, open_run, probe
     from harness.verdicts import render_summary, render_verdicts
 
     console = console or Console(stderr=True)
     configs = select_configs(load_sweep(sweep_path), patterns)
-    device = probe_device(target=probe_target())
-    if "failure" in device:
-        f = device["failure"]
-        raise RevalidateError(
-            f"could not start jax in a child process ({f['kind']}: {f['detail']})\n{f['stderr_tail']}"
-        )
+    device = probe(probe_target())
     platform = device.get("platform")
     run_dir, settings, note = prepare_run(
-        out=out, resume=resume, results_root=results_root, requested=requested, platform=platform
+        out=out, resume=resume, results_root=results_root, request=request, platform=platform
     )
     points = sweep_points(configs, settings)
     if note:
@@ -531,18 +522,26 @@ def run_revalidate(
         f"process taking {settings.samples} samples after {settings.warmup} warmup; timeout "
         f"{settings.timeout_s:g} s per visit"
     )
-    base_env = merge_device(host_env(settings.identity()), device)
-    write_command(run_dir, argv, append=resume)
-    write_env(run_dir, {**base_env, "settings": asdict(settings), "sweep": str(sweep_path)})
-    outcome = run_sweep(points, settings, run_dir, base_env=base_env, console=console)
+    run = open_run(
+        out=run_dir,
+        results_root=results_root,
+        short_name="revalidate",
+        argv=argv,
+        settings=asdict(settings),
+        identity=settings.identity(),
+        device=device,
+        timeout_s=settings.timeout_s,
+        mem_limit_bytes=settings.mem_limit_bytes,
+        resume=resume,
+        env_extra={"sweep": str(sweep_path)},
+    )
+    outcome = run_sweep(points, settings, run, console=console)
     render_summary(outcome.measurements, console)
     render_verdicts(outcome.ratios, outcome.summary, console)
     if outcome.failures:
         names = ", ".join(f"{r['name']} ({r['failure']['kind']})" for r in outcome.failures)
         console.print(
-            f"[red]{len(outcome.failures)} configuration(s) failed: {names}; see {run_dir / 'logs'}[/red]"
+            f"[red]{len(outcome.failures)} configuration(s) failed: {names}; see {run.path / 'logs'}[/red]"
         )
-    for path in plot_run(run_dir, console=console):
-        console.print(f"wrote {path}", soft_wrap=True)
-    console.print(f"results: {run_dir}/ (results.jsonl, summary.csv, visits.jsonl, env.json, logs/, plots/)")
+    finish(run, outcome.records, console, also="visits.jsonl")
     return outcome

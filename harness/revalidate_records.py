@@ -54,16 +54,16 @@ def measurement_record(
 ) -> dict[str, Any]:
     """A `revalidate` record from a point's visit results (one per measured round)."""
     from harness.compare import median_ci
-    from harness.env import config_hash, merge_device, utc_now
-    from harness.results import make_record
+    from harness.results import is_failure, make_record
+    from harness.run import record_env
     from harness.stats import summarize
 
     config = {**point.case, "samples": settings.samples, "warmup": settings.warmup, "seed": settings.seed,
               "rounds": settings.rounds}  # fmt: skip
     device = next((r.get("device") for r in results if r.get("device")), None)
-    env = merge_device({**base_env, "config_hash": config_hash(config), "timestamp_utc": utc_now()}, device)
+    env = record_env(base_env, config, device)
     wall_s = float(sum(r.get("wall_s", 0.0) for r in results))
-    failed = [(i, r) for i, r in enumerate(results) if "failure" in r]
+    failed = [(i, r) for i, r in enumerate(results) if is_failure(r)]
     if failed:
         i, r = failed[0]
         fail = dict(r["failure"])
@@ -128,8 +128,8 @@ def summary_record(
     false-positive rate of each rule."""
     import statistics
 
-    from harness.env import config_hash, utc_now
     from harness.results import is_failure, make_record
+    from harness.run import record_env
 
     ok = [m for m in measurements if not is_failure(m)]
     n = sum(m["n_samples"] for m in ok)
@@ -150,5 +150,5 @@ def summary_record(
         fields["aa_false_positive_rate"] = fields["aa_false_positives"] / len(aa)
         fields["aa_ci_excludes_one"] = sum(r["ci95_lo"] > 1 or r["ci95_hi"] < 1 for r in aa)
         fields["aa_rule_2iqr_real"] = sum(r["rule_2iqr"] == "real" for r in aa)
-    env = {**base_env, "config_hash": config_hash(config), "timestamp_utc": utc_now()}
+    env = record_env(base_env, config)
     return make_record("summary", "run", run_id=run_id, env=env, config=config, **fields)

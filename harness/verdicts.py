@@ -86,8 +86,8 @@ def ratio_records(
 ) -> list[dict[str, Any]]:
     """Within-run `ratio` records for every effect whose two points both succeeded."""
     from harness.compare import compare_rounds
-    from harness.env import config_hash, utc_now
     from harness.results import is_failure, make_record
+    from harness.run import record_env
     from harness.revalidate_records import clean_rounds
     from harness.stats import verdict
 
@@ -111,8 +111,7 @@ def ratio_records(
             name = f"{effect}/{group}" if effect != "ple" else f"ple-{var_value}/{group}"
             fixed = {k: v for k, v in ref["config"].items() if k != varied}
         config = {"effect": effect, "varied": varied, "reference": ref_value, "variant": var_value, **fixed}
-        env = {**base_env, "config_hash": config_hash(config), "timestamp_utc": utc_now()}
-        env.update({k: ref["env"].get(k) for k in ("platform", "device_kind", "device_count")})
+        env = record_env(base_env, config, ref["env"])  # the device that measured both sides
         out.append(
             make_record(
                 "ratio",

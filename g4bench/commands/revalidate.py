@@ -116,32 +116,32 @@ def revalidate(
     from rich.console import Console
 
     from g4bench.commands.options import int_list, str_list
-    from harness.revalidate import RevalidateError, run_revalidate
+    from harness.revalidate import RevalidateError, RevalidateRequest, run_revalidate
 
     console = Console(stderr=True)
     if all_ and config:
         console.print("[red]--all and --config are exclusive[/red]")
         raise typer.Exit(code=2)
-    requested = {
-        "model": model,
-        "batches": int_list(batch, "--batch"),
-        "ctxs": int_list(ctx, "--ctx"),
-        "kv_layouts": str_list(kv_layout),
-        "rounds": rounds,
-        "samples": samples,
-        "warmup": warmup,
-        "seed": seed,
-        "floor": floor_pct / 100.0 if floor_pct is not None else None,
-        "aa": aa,
-        "cpus": int_list(cpus, "--cpus", minimum=0),
-        "layers": layers,
-        "timeout_s": timeout,
-        "mem_limit_bytes": int(mem_limit_gib * 2**30) if mem_limit_gib is not None else None,
-    }
+    request = RevalidateRequest(
+        model=model,
+        batches=int_list(batch, "--batch"),
+        ctxs=int_list(ctx, "--ctx"),
+        kv_layouts=str_list(kv_layout),
+        rounds=rounds,
+        samples=samples,
+        warmup=warmup,
+        seed=seed,
+        floor=floor_pct / 100.0 if floor_pct is not None else None,
+        aa=aa,
+        cpus=int_list(cpus, "--cpus", minimum=0),
+        layers=layers,
+        timeout_s=timeout,
+        mem_limit_bytes=int(mem_limit_gib * 2**30) if mem_limit_gib is not None else None,
+    )
     try:
         outcome = run_revalidate(
             patterns=config or None,
-            requested=requested,
+            request=request,
             out=out,
             resume=resume,
             argv=sys.argv,
