@@ -30,13 +30,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.results import is_failure
+from harness.run import CHILD_TIMEOUT_S, CPU_LAYERS, CPU_LAYERS_REASON, RequestError, on_cpu
+
 SLOPE_MIN_RISE = 0.15  # only adjacent points whose step time rises by more than 15% (reference rule)
 STEP_TARGET = "harness.roofline_probes:step_child"
 CALIBRATE_TARGET = "harness.roofline_probes:calibrate_child"
 BREAKDOWN_TARGET = "harness.roofline_probes:breakdown_child"
 
 
-class RooflineError(ValueError):
+class RooflineError(RequestError):
     """Unusable request (no device, bad shape); exit code 2."""
 
 
@@ -52,7 +55,7 @@ class RooflineSettings:
     samples: int
     warmup: int
     breakdown: bool
-    timeout_s: float = 1800.0
+    timeout_s: float = CHILD_TIMEOUT_S
     mem_limit_bytes: int | None = None
     seed: int = 0
 
@@ -67,6 +70,22 @@ class RooflineSettings:
         }
 
 
+@dataclass(frozen=True)
+class RooflineRequest:
+    """The command line's values; None = not given (the platform's default)."""
+
+    model: str | None = None
+    layers: str | None = None
+    kv_dtype: str | None = None
+    batches: tuple[int, ...] | None = None
+    ctxs: tuple[int, ...] | None = None
+    samples: int | None = None
+    warmup: int | None = None
+    breakdown: bool | None = None
+    timeout_s: float | None = None
+    mem_limit_bytes: int | None = None
+
+
 ACCELERATOR_DEFAULTS = dict(
     layers="w4a16",
     kv_dtype="bf16",
@@ -76,34 +95,33 @@ ACCELERATOR_DEFAULTS = dict(
     reason="the reference shape (batch 32, ctx 8192) plus a context sweep for the marginal KV bandwidth",
 )
 CPU_DEFAULTS = dict(
-    layers="f32",
+    layers=CPU_LAYERS,
     kv_dtype="f32",
     batches=(1,),
     ctxs=(1024, 4096, 8192),
     breakdown=True,
     reason=(
-        "CPU: full E2B dimensions with f32 dense layers — W4A16 unpacked inside the step does not fuse "
-        "on XLA CPU (~21 ms per 1536×12288 projection vs 2.7 ms dense f32 at batch 1) and bf16 weights "
-        "convert at ~1 GB/s, so only f32 streams at memory speed; f32 KV for the same reason (attention "
+        f"{CPU_LAYERS_REASON}; only f32 streams at memory speed, so f32 KV for the same reason (attention "
         "converts a bf16 cache to f32 at ~1 GB/s: --kv-dtype bf16 shows it); batch 1 and three contexts keep the "
         "run to a few minutes (a full-E2B f32 child holds ~16 GB, so children run one at a time)"
     ),
 )
 
 
-def resolve_settings(platform: str | None, requested: dict[str, Any]) -> tuple[RooflineSettings, str | None]:
+def resolve_settings(platform: str | None, request: RooflineRequest) -> tuple[RooflineSettings, str | None]:
     """Fill options not given (None) from the platform's defaults; returns (settings, note to print)."""
-    defaults = CPU_DEFAULTS if platform in (None, "cpu") else ACCELERATOR_DEFAULTS
+    defaults = CPU_DEFAULTS if on_cpu(platform) else ACCELERATOR_DEFAULTS
     keys = ("layers", "kv_dtype", "batches", "ctxs", "breakdown")
-    applied = {k: defaults[k] for k in keys if requested.get(k) is None}
-    values: dict[str, Any] = {k: requested[k] if requested.get(k) is not None else defaults[k] for k in keys}
+    given = {k: getattr(request, k) for k in keys}
+    applied = {k: defaults[k] for k in keys if given[k] is None}
+    values: dict[str, Any] = {k: given[k] if given[k] is not None else defaults[k] for k in keys}
     settings = RooflineSettings(
-        model=requested.get("model") or "e2b",
+        model=request.model or "e2b",
         kv_dtype=values["kv_dtype"],
-        samples=requested.get("samples") or 15,
-        warmup=requested["warmup"] if requested.get("warmup") is not None else 2,
-        timeout_s=requested.get("timeout_s") or 1800.0,
-        mem_limit_bytes=requested.get("mem_limit_bytes"),
+        samples=request.samples or 15,
+        warmup=request.warmup if request.warmup is not None else 2,
+        timeout_s=request.timeout_s or CHILD_TIMEOUT_S,
+        mem_limit_bytes=request.mem_limit_bytes,
         layers=values["layers"],
         batches=tuple(values["batches"]),
         ctxs=tuple(sorted(values["ctxs"])),
@@ -192,13 +210,9 @@ def _no_slope_note(pts: Sequence[tuple[int, float, float]], min_rise: float) -> 
 
 
 def _base(run_id: str, base_env: dict[str, Any], config: dict[str, Any], result: Any) -> dict[str, Any]:
-    from harness.env import config_hash, merge_device, utc_now
+    from harness.run import record_env
 
-    env = merge_device(
-        {**base_env, "config_hash": config_hash(config), "timestamp_utc": utc_now()},
-        (result or {}).get("device"),
-    )
-    return {"run_id": run_id, "env": env, "config": config}
+    return {"run_id": run_id, "env": record_env(base_env, config, (result or {}).get("device")), "config": config}
 
 
 def calibration_record(result: dict[str, Any], run_id: str, base_env: dict[str, Any]) -> dict[str, Any]:
@@ -208,7 +222,7 @@ def calibration_record(result: dict[str, Any], run_id: str, base_env: dict[str, 
     base = _base(
         run_id, base_env, {"fractions": list(result.get("fractions", [])), "reps": result.get("reps")}, result
     )
-    if "failure" in result:
+    if is_failure(result):
         return make_record(
             "roofline", "calibration", **base, failure=result["failure"], wall_s=result.get("wall_s", 0.0)
         )
@@ -247,7 +261,7 @@ def step_record(
     config = {**case_fields, "samples": settings.samples, "warmup": settings.warmup, "seed": settings.seed}
     base = _base(run_id, base_env, config, result)
     name = f"decode/b{batch}/ctx{ctx}"
-    if "failure" in result:
+    if is_failure(result):
         return make_record(
             "roofline", name, **base, failure=result["failure"], wall_s=result.get("wall_s", 0.0)
         )
@@ -295,7 +309,7 @@ def slope_records(
 
     by_batch: dict[int, list[dict[str, Any]]] = {}
     for r in steps:
-        if "failure" not in r:
+        if not is_failure(r):
             by_batch.setdefault(r["batch"], []).append(r)
     out = []
     for batch, recs in sorted(by_batch.items()):
@@ -334,7 +348,7 @@ def breakdown_record(
     config = dict(step["config"]) if step else {}
     base = _base(run_id, base_env, config, result)
     name = f"breakdown/b{config.get('batch')}/ctx{config.get('ctx')}"
-    if "failure" in result:
+    if is_failure(result):
         return make_record(
             "roofline", name, **base, failure=result["failure"], wall_s=result.get("wall_s", 0.0)
         )
@@ -351,7 +365,7 @@ def breakdown_record(
         )
     timed = sum(p["ms_total"] for p in parts)
     fields: dict[str, Any] = {"parts": parts, "parts_ms_total": timed}
-    if step and "failure" not in step:
+    if step and not is_failure(step):
         fields["step_ms_median"] = step["step_ms_median"]
         fields["rest_ms"] = step["step_ms_median"] - timed
         fields["rest_note"] = (
@@ -379,70 +393,50 @@ class RooflineOutcome:
 
     @property
     def failures(self) -> list[dict[str, Any]]:
-        return [r for r in self.records if "failure" in r]
+        return [r for r in self.records if is_failure(r)]
 
 
 def run_roofline(
     *,
-    requested: dict[str, Any],
+    request: RooflineRequest,
     out: Path | None,
     argv: Sequence[str],
     results_root: Path = Path("results"),
     console: Any = None,
 ) -> RooflineOutcome:
-    """The whole command: probe, settle settings, calibrate, measure each shape, fit slopes, attribute,
-    write the run folder and print the tables. `requested` holds command-line values (None = default):
-    model, layers, kv_dtype, batches, ctxs, samples, warmup, breakdown, timeout_s, mem_limit_bytes."""
+    """The whole command: settle settings, calibrate, measure each shape, fit slopes, attribute, print
+    the tables; the run folder's lifecycle (probe, folder, command, env, summary, plots) is
+    harness/run.py's. Raises `RooflineError` (a `RequestError`) for unusable requests."""
     from rich.console import Console
 
-    from harness.env import host_env, merge_device, probe_device
-    from harness.isolate import run_isolated
-    from harness.results import (
-        append_record,
-        create_run_dir,
-        run_id_of,
-        write_command,
-        write_env,
-        write_summary,
-    )
     from harness.roofline_report import headline, render
+    from harness.run import finish, open_run, probe
 
     console = console or Console(stderr=True)
-    device = probe_device()
-    if "failure" in device:
-        f = device["failure"]
-        raise RooflineError(
-            f"could not start jax in a child process ({f['kind']}: {f['detail']})\n{f['stderr_tail']}"
-        )
+    device = probe()
     platform = device.get("platform")
-    settings, note = resolve_settings(platform, requested)
+    settings, note = resolve_settings(platform, request)
     if note:
         console.print(f"[yellow]{note}[/yellow]")
-    run_dir = out or create_run_dir(results_root, "roofline")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "logs").mkdir(exist_ok=True)
-    run_id = run_id_of(run_dir)
-    base_env = merge_device(host_env(asdict(settings)), device)
-    write_command(run_dir, argv)
-    write_env(run_dir, {**base_env, "settings": asdict(settings)})
+    run = open_run(
+        out=out,
+        results_root=results_root,
+        short_name="roofline",
+        argv=argv,
+        settings=asdict(settings),
+        identity=asdict(settings),
+        device=device,
+        timeout_s=settings.timeout_s,
+        mem_limit_bytes=settings.mem_limit_bytes,
+    )
+    run_id, base_env = run.run_id, run.base_env
     console.print(
         f"roofline on {platform} ({device.get('device_kind')}): model {settings.model}, layers {settings.layers}, "
         f"KV {settings.kv_dtype}, batch {list(settings.batches)}, ctx {list(settings.ctxs)}, {settings.samples} samples, "
         "one fresh process per shape"
     )
-
-    def child(target: str, payload: dict[str, Any], log: str) -> dict[str, Any]:
-        return run_isolated(
-            target,
-            payload,
-            timeout_s=settings.timeout_s,
-            mem_limit_bytes=settings.mem_limit_bytes,
-            stderr_log=run_dir / "logs" / f"{log}.log",
-        )
-
     with console.status("calibrating streaming bandwidth (sum, max, matvec, copy)…"):
-        calibration = calibration_record(child(CALIBRATE_TARGET, {}, "calibration"), run_id, base_env)
-    append_record(run_dir, calibration)
+        calibration = run.append(calibration_record(run.child(CALIBRATE_TARGET, {}, "calibration"), run_id, base_env))
     calibrated = calibration.get("calibrated_gb_per_s")
     steps = []
     for batch in settings.batches:
@@ -454,48 +448,32 @@ def run_roofline(
                 "seed": settings.seed,
             }
             with console.status(f"decode step batch {batch} ctx {ctx} (fresh process)…"):
-                rec = step_record(
-                    child(STEP_TARGET, payload, f"decode-b{batch}-ctx{ctx}"),
-                    settings,
-                    batch,
-                    ctx,
-                    calibrated,
-                    run_id,
-                    base_env,
-                )
-            append_record(run_dir, rec)
+                result = run.child(STEP_TARGET, payload, f"decode-b{batch}-ctx{ctx}")
+            rec = run.append(step_record(result, settings, batch, ctx, calibrated, run_id, base_env))
             steps.append(rec)
             console.print(_one_line(rec))
-    slopes = slope_records(steps, run_id, base_env)
-    for rec in slopes:
-        append_record(run_dir, rec)
+    slopes = [run.append(rec) for rec in slope_records(steps, run_id, base_env)]
     breakdown = None
     if settings.breakdown:
         head = headline(steps)
         shape = head or {"config": settings.case(settings.batches[0], settings.ctxs[-1])}
         with console.status("timing the step's parts alone (LM head, one layer of each kind, sampler)…"):
-            result = child(
-                BREAKDOWN_TARGET,
-                {"case": settings.case(shape["config"]["batch"], shape["config"]["ctx"])},
-                "breakdown",
-            )
-        breakdown = breakdown_record(result, head, calibrated, run_id, base_env)
-        append_record(run_dir, breakdown)
+            case = settings.case(shape["config"]["batch"], shape["config"]["ctx"])
+            result = run.child(BREAKDOWN_TARGET, {"case": case}, "breakdown")
+        breakdown = run.append(breakdown_record(result, head, calibrated, run_id, base_env))
     outcome = RooflineOutcome(
-        run_dir=run_dir, calibration=calibration, steps=steps, slopes=slopes, breakdown=breakdown
+        run_dir=run.path, calibration=calibration, steps=steps, slopes=slopes, breakdown=breakdown
     )
-    write_summary(run_dir, outcome.records)
     render(outcome, console)
-    console.print(
-        f"results: {run_dir}/ (results.jsonl, summary.csv, env.json, command.txt, logs/); `g4bench plot {run_dir}` draws the bandwidth figure"
-    )
+    finish(run, outcome.records, console)
     return outcome
 
 
 def _one_line(rec: dict[str, Any]) -> str:
-    if "failure" in rec:
-        f = rec["failure"]
-        return f"[red]✗ {rec['name']}: {f['kind']} — {f['detail']}[/red]"
+    from harness.run import failure_line
+
+    if (line := failure_line(rec["name"], rec)) is not None:
+        return line
     frac = rec.get("fraction_of_calibrated")
     shown = f", {frac:.2f} of calibrated" if frac is not None else ""
     return (

@@ -87,8 +87,8 @@ def ratio_records(
     """Within-run `ratio` records for every effect whose two points both succeeded."""
     from harness.compare import compare_rounds
     from harness.results import is_failure, make_record
-    from harness.run import record_env
     from harness.revalidate_records import clean_rounds
+    from harness.run import record_env
     from harness.stats import verdict
 
     ok = [r for r in measurements if r.get("kind") == "revalidate" and not is_failure(r)]

@@ -59,29 +59,29 @@ def roofline(
         ),
     ] = None,
 ) -> None:
-    """Calibrate streaming bandwidth, then measure the decode step per shape in fresh processes and read it against the byte model (g4bench/model/costs.py): achieved GB/s, fraction of calibrated, XLA's cost_analysis beside the model, and the marginal KV bandwidth from a context slope (only pairs whose time rises > 15%). Writes a run folder with kind "roofline" records; `g4bench plot RUN_DIR` draws the bandwidth figure."""
+    """Calibrate streaming bandwidth, then measure the decode step per shape in fresh processes and read it against the byte model (g4bench/model/costs.py): achieved GB/s, fraction of calibrated, XLA's cost_analysis beside the model, and the marginal KV bandwidth from a context slope (only pairs whose time rises > 15%). Writes a run folder with kind "roofline" records and the bandwidth figure in plots/."""
     import sys
 
     from rich.console import Console
 
     from g4bench.commands.options import int_list
-    from harness.roofline import RooflineError, run_roofline
+    from harness.roofline import RooflineError, RooflineRequest, run_roofline
 
     console = Console(stderr=True)
-    requested = {
-        "model": model,
-        "batches": int_list(batch, "--batch"),
-        "ctxs": int_list(ctx, "--ctx"),
-        "kv_dtype": kv_dtype,
-        "layers": layers,
-        "samples": samples,
-        "warmup": warmup,
-        "breakdown": breakdown,
-        "timeout_s": timeout,
-        "mem_limit_bytes": int(mem_limit_gib * 2**30) if mem_limit_gib is not None else None,
-    }
+    request = RooflineRequest(
+        model=model,
+        batches=int_list(batch, "--batch"),
+        ctxs=int_list(ctx, "--ctx"),
+        kv_dtype=kv_dtype,
+        layers=layers,
+        samples=samples,
+        warmup=warmup,
+        breakdown=breakdown,
+        timeout_s=timeout,
+        mem_limit_bytes=int(mem_limit_gib * 2**30) if mem_limit_gib is not None else None,
+    )
     try:
-        outcome = run_roofline(requested=requested, out=out, argv=sys.argv, console=console)
+        outcome = run_roofline(request=request, out=out, argv=sys.argv, console=console)
     except RooflineError as exc:
         console.print(f"[red]roofline: {exc}[/red]", soft_wrap=True)
         raise typer.Exit(code=2) from exc

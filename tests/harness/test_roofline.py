@@ -9,6 +9,7 @@ from harness.isolate import run_isolated
 from harness.results import validate_record
 from harness.roofline import (
     RooflineError,
+    RooflineRequest,
     RooflineSettings,
     breakdown_record,
     calibration_record,
@@ -109,17 +110,17 @@ def test_calibrate_child_measures_every_kernel():
 
 
 def test_settings_defaults_per_platform():
-    cpu, note = resolve_settings("cpu", {})
+    cpu, note = resolve_settings("cpu", RooflineRequest())
     assert (cpu.layers, cpu.kv_dtype, cpu.batches, cpu.breakdown) == ("f32", "f32", (1,), True)
     assert note and "W4A16" in note
-    acc, _ = resolve_settings("gpu", {"ctxs": (8192, 1024)})
+    acc, _ = resolve_settings("gpu", RooflineRequest(ctxs=(8192, 1024)))
     assert (acc.layers, acc.batches, acc.ctxs) == ("w4a16", (32,), (1024, 8192))
     given, note = resolve_settings(
-        "cpu", {"layers": "bf16", "kv_dtype": "bf16", "batches": (2,), "ctxs": (64,), "breakdown": False}
+        "cpu", RooflineRequest(layers="bf16", kv_dtype="bf16", batches=(2,), ctxs=(64,), breakdown=False)
     )
     assert note is None and given.layers == "bf16"
     with pytest.raises(RooflineError):
-        resolve_settings("cpu", {"batches": (0,)})
+        resolve_settings("cpu", RooflineRequest(batches=(0,)))
 
 
 TINY = RooflineSettings(
