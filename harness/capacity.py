@@ -20,18 +20,17 @@ harness/admission.py; this module only searches and records.
 
 from __future__ import annotations
 
-import re
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from harness.capacity_search import Probe, ProbeError, Search, classify, search_ceiling
+from harness.results import is_failure
+from harness.run import RunFolder
 
 RUN_TARGET = "harness.capacity:run_child"
-DEFAULT_TIMEOUT_S = {"local": 1800.0, "tpu": 900.0}
 TIMED_STEPS = 3  # the reference bisection: 1 warm + 3 timed steps at each probe
 
 
@@ -143,32 +142,26 @@ def run_child(payload: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class Driver:
-    """Runs probes for one configuration and records each one."""
+    """Runs probes for one configuration (children of the run `folder`) and records each one."""
 
     cfg: CapacityConfig
     limit: int
-    timeout_s: float
-    mem_limit_bytes: int | None
+    folder: RunFolder
     record: Callable[..., object]  # (name, config, fields, device); its return value is unused
     progress: Callable[[str], None]
-    log_dir: Path | None = None
     started: float = 0.0
 
     def probe(self, batch: int) -> Probe:
         from harness.aot import COMPILE_TARGET, TPU_CHILD_ENV
-        from harness.isolate import run_isolated
 
         local = self.cfg.target == "local"
         n = len(self._probes) + 1
         t0 = time.perf_counter()
-        log = self.log_dir / f"{_safe(self.cfg.name)}-b{batch}.log" if self.log_dir else None
-        result = run_isolated(
+        result = self.folder.child(
             RUN_TARGET if local else COMPILE_TARGET,
             self.cfg.payload(batch),
-            timeout_s=self.timeout_s,
-            mem_limit_bytes=self.mem_limit_bytes,
+            f"{self.cfg.name}-b{batch}",
             env=None if local else TPU_CHILD_ENV,
-            stderr_log=log,
         )
         fields = {"record": "probe", "batch": batch, **{k: v for k, v in result.items() if k != "device"}}
         self.record(
@@ -192,7 +185,7 @@ class Driver:
             ""
             if fits
             else f" ({result['failure']['kind']})"
-            if "failure" in result
+            if is_failure(result)
             else " (compile-time HBM OOM)"
         )
         elapsed = time.perf_counter() - self.started
@@ -223,10 +216,6 @@ class Driver:
             else None,
             on_limit=None if local else learn_limit,
         )
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
 
 
 def ceiling_fields(cfg: CapacityConfig, search: Search, limit: int, hw: Any) -> dict[str, Any]:
@@ -311,26 +300,18 @@ def configurations(s: Settings) -> list[CapacityConfig]:
 
 
 def local_prediction(
-    cfg: CapacityConfig, s: Settings, batches: tuple[int, int], log_dir: Path | None
+    cfg: CapacityConfig, s: Settings, batches: tuple[int, int], folder: RunFolder
 ) -> dict[str, Any]:
     """The compiled prediction for the local device: compile (never run) the same step at two
     batches in fresh children, fit peak(B) = a + b·B (args + out + temp − alias, linear in B),
     add the runtime's own address space (the compile child's peak: jax, XLA, the compiler) and
     solve peak ≤ cap. Returns the fitted figures and the predicted ceiling."""
     from harness.aot import COMPILE_TARGET
-    from harness.isolate import run_isolated
 
     points = []
     for b in batches:
-        log = log_dir / f"{_safe(cfg.name)}-compile-b{b}.log" if log_dir else None
-        r = run_isolated(
-            COMPILE_TARGET,
-            cfg.payload(b),
-            timeout_s=s.timeout_s,
-            mem_limit_bytes=s.mem_limit_bytes,
-            stderr_log=log,
-        )
-        if "failure" in r:
+        r = folder.child(COMPILE_TARGET, cfg.payload(b), f"{cfg.name}-compile-b{b}")
+        if is_failure(r):
             return {
                 "prediction_error": f"compile at batch {b}: {r['failure']['kind']}: {r['failure']['detail']}"
             }

@@ -2,15 +2,15 @@
 
 Data flow::
 
-    resolve_settings(requested)  limit (local: a stated fraction of available RAM, also the
+    resolve_settings(request)    limit (local: a stated fraction of available RAM, also the
                                  children's RLIMIT_AS; TPU: the device's usable HBM, corrected by
                                  the compiler's own figure once an OOM message states it)
-    create_run_dir · write_command · write_env(settings)
+    open_run (harness/run.py): folder, command.txt, env.json(settings)
     for each configuration (harness.capacity.configurations):
         Driver.run(estimate)  → probe records appended as they happen, then a ceiling record
         local decode: local_prediction() → the compiled prediction beside the measured ceiling
     admission table (harness/admission.py) → admission records + admission.csv
-    write_summary · render tables (harness/capacity_report.py) · plots/capacity_frontier.png
+    render tables (harness/capacity_report.py) · finish: summary.csv, plots/capacity_frontier.png
 
 A configuration whose search stops on a real error (ProbeError) is recorded as a failure and the
 run goes on; `CapacityOutcome.errors` lists them (exit 1).
@@ -31,14 +31,36 @@ from harness.capacity import (
     local_prediction,
 )
 from harness.capacity_search import ProbeError
+from harness.results import is_failure
+from harness.run import CHILD_TIMEOUT_S, COMPILE_TIMEOUT_S, CPU_LAYERS, RequestError
 
 DEFAULT_RAM_FRACTION = 0.75
 COMPILE_CHILD_CAP = 8 * 2**30  # a deviceless E2B compile peaks near 2.2 GiB of address space
-LOCAL_LAYERS = "f32"
 
 
-class CapacityError(ValueError):
+class CapacityError(RequestError):
     """An unusable request (unknown target, nothing to run); exit code 2."""
+
+
+@dataclass(frozen=True)
+class CapacityRequest:
+    """The command line's values; None = not given (the target's default)."""
+
+    target: str | None = None  # "local" or a hardware id with an aot_topology
+    model: str | None = None
+    ctx: int | None = None
+    kv: tuple[str, ...] | None = None
+    steps: tuple[str, ...] | None = None  # "donated" | "copying"
+    ple: tuple[str, ...] | None = None
+    sliding: tuple[str, ...] | None = None  # "full" | "ring"
+    layers: str | None = None
+    compute: str | None = None
+    prefill_tokens: tuple[int, ...] | None = None
+    tol: float | None = None
+    tpot_ms: float | None = None
+    mem_limit_bytes: int | None = None
+    timeout_s: float | None = None
+    shared_prefix: int | None = None
 
 
 @dataclass
@@ -61,7 +83,7 @@ def local_accelerator_limit(timeout_s: float) -> tuple[int, str] | None:
     if not has_accelerator():
         return None
     dev = run_isolated("harness.doctor:device_child", {}, timeout_s=timeout_s)
-    if "failure" in dev:
+    if is_failure(dev):
         detail = dev["failure"]["detail"]
         raise CapacityError(f"could not read the local accelerator's memory limit: {detail}")
     if dev.get("platform") == "cpu" or not dev.get("bytes_limit"):
@@ -72,15 +94,15 @@ def local_accelerator_limit(timeout_s: float) -> tuple[int, str] | None:
     )
 
 
-def resolve_settings(req: dict[str, Any], console: Any) -> Settings:
+def resolve_settings(req: CapacityRequest, console: Any) -> Settings:
     """Fill defaults and print every choice that was not given explicitly."""
     import psutil
 
     from harness.hardware import load_hardware
 
-    target = req.get("target") or "local"
+    target = req.target or "local"
     local = target == "local"
-    timeout = req.get("timeout_s") or (1800.0 if local else 900.0)
+    timeout = req.timeout_s or (CHILD_TIMEOUT_S if local else COMPILE_TIMEOUT_S)
     device_limit = local_accelerator_limit(timeout) if local else None
     if device_limit is not None:
         limit, source = device_limit
@@ -88,12 +110,12 @@ def resolve_settings(req: dict[str, Any], console: Any) -> Settings:
             f"local accelerator: limit {limit / 2**30:.2f} GiB = {source}; no address-space cap "
             "(GPU runtimes reserve far more virtual memory than they use)"
         )
-        layers = req.get("layers") or "w4a16"
+        layers = req.layers or "w4a16"
         mem_cap = None
     elif local:
         avail = psutil.virtual_memory().available
-        if req.get("mem_limit_bytes"):
-            limit, source = int(req["mem_limit_bytes"]), "--mem-limit-gib"
+        if req.mem_limit_bytes:
+            limit, source = int(req.mem_limit_bytes), "--mem-limit-gib"
         else:
             limit = int(avail * DEFAULT_RAM_FRACTION)
             source = f"{DEFAULT_RAM_FRACTION:.0%} of available RAM ({avail / 2**30:.1f} GiB, psutil)"
@@ -104,8 +126,8 @@ def resolve_settings(req: dict[str, Any], console: Any) -> Settings:
         console.print(
             f"local probes: address-space cap (RLIMIT_AS) {limit / 2**30:.2f} GiB per child = {source}"
         )
-        layers = req.get("layers") or LOCAL_LAYERS
-        if not req.get("layers"):
+        layers = req.layers or CPU_LAYERS
+        if not req.layers:
             console.print(
                 "local CPU weight format: layers f32, PLE bf16, embed f32 — the engine's CPU default "
                 "(g4bench.engine.loading.default_format). Compiled for this CPU it also has the smallest "
@@ -124,29 +146,34 @@ def resolve_settings(req: dict[str, Any], console: Any) -> Settings:
         console.print(
             f"limit {limit / 2**30:.2f} GiB: {source}; the compiler's own limit is read from its OOM messages"
         )
-        layers = req.get("layers") or "w4a16"
+        layers = req.layers or "w4a16"
         mem_cap = COMPILE_CHILD_CAP
     return Settings(
-        model=req.get("model") or "e2b",
-        ctx=int(req.get("ctx") or 8192),
+        model=req.model or "e2b",
+        ctx=int(req.ctx or 8192),
         target=target,
-        kv=tuple(req.get("kv") or ("bf16", "int8")),
-        steps=tuple(req.get("steps") or ("donated", "copying")),
-        ple=tuple(req.get("ple") or ("bf16",)),
-        sliding=tuple(req.get("sliding") or ("full", "ring")),
+        kv=tuple(req.kv or ("bf16", "int8")),
+        steps=tuple(req.steps or ("donated", "copying")),
+        ple=tuple(req.ple or ("bf16",)),
+        sliding=tuple(req.sliding or ("full", "ring")),
         layers=layers,
-        compute=req.get("compute"),
+        compute=req.compute,
         limit_bytes=limit,
         limit_source=source,
         mem_limit_bytes=mem_cap,
         timeout_s=float(timeout),
-        tol=float(req["tol"] if req.get("tol") is not None else 0.02),
-        prefill_tokens=tuple(req.get("prefill_tokens") or ()),
-        tpot_ms=req.get("tpot_ms"),
+        tol=float(req.tol if req.tol is not None else 0.02),
+        prefill_tokens=tuple(req.prefill_tokens or ()),
+        tpot_ms=req.tpot_ms,
     )
 
 
-def run_capacity(req: dict[str, Any], *, out: Path | None, argv: list[str], console: Any) -> CapacityOutcome:
+def run_capacity(
+    req: CapacityRequest, *, out: Path | None, argv: list[str], console: Any, results_root: Path = Path("results")
+) -> CapacityOutcome:
+    """The whole command: settle settings, search each configuration's ceiling, build the latency and
+    admission tables, print them; the run folder's lifecycle (folder, command, env, summary, plots)
+    is harness/run.py's. Raises `CapacityError` (a `RequestError`) for unusable requests."""
     import psutil
 
     from harness.admission import admission_rows, write_admission_csv
@@ -157,27 +184,23 @@ def run_capacity(req: dict[str, Any], *, out: Path | None, argv: list[str], cons
         latency_table,
         pricing_for,
     )
-    from harness.capacity_report import plot_capacity, render_ceilings
-    from harness.env import host_env, merge_device
+    from harness.capacity_report import render_ceilings
     from harness.hardware import load_hardware
-    from harness.results import (
-        append_record,
-        create_run_dir,
-        make_record,
-        run_id_of,
-        write_command,
-        write_env,
-        write_summary,
-    )
+    from harness.run import finish, open_run
 
     s = resolve_settings(req, console)
-    run_dir = Path(out) if out else create_run_dir(Path("results"), f"capacity-{s.target}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "logs").mkdir(exist_ok=True)
-    write_command(run_dir, argv)
-    env = host_env(asdict(s))
-    write_env(run_dir, {**env, "settings": asdict(s)})
-    run_id = run_id_of(run_dir)
+    folder = open_run(
+        out=out,
+        results_root=results_root,
+        short_name=f"capacity-{s.target}",
+        argv=argv,
+        settings=asdict(s),
+        identity=asdict(s),
+        device=None,  # each probe's child reports its own device
+        timeout_s=s.timeout_s,
+        mem_limit_bytes=s.mem_limit_bytes,
+    )
+    run_dir = folder.path
     hw = load_hardware("cpu" if s.target == "local" else s.target)
     outcome = CapacityOutcome(run_dir)
     records: list[dict[str, Any]] = []
@@ -185,10 +208,7 @@ def run_capacity(req: dict[str, Any], *, out: Path | None, argv: list[str], cons
     def record(
         name: str, config: dict[str, Any], fields: dict[str, Any], device: Any = None
     ) -> dict[str, Any]:
-        rec = make_record(
-            "capacity", name, run_id=run_id, env=merge_device(env, device), config=config, **fields
-        )
-        append_record(run_dir, rec)
+        rec = folder.append(folder.record("capacity", name, config, device, **fields))
         records.append(rec)
         return rec
 
@@ -204,9 +224,7 @@ def run_capacity(req: dict[str, Any], *, out: Path | None, argv: list[str], cons
                 continue
         est = estimate_batch(cfg.case, cfg.program, s.limit_bytes, cfg.tokens)
         console.print(f"[bold]{i}/{len(configs)} {cfg.name}[/bold]: arithmetic estimate {est}")
-        drv = Driver(
-            cfg, s.limit_bytes, s.timeout_s, s.mem_limit_bytes, record, console.print, run_dir / "logs"
-        )
+        drv = Driver(cfg, s.limit_bytes, folder, record, console.print)
         try:
             search = drv.run(est, s.tol)
         except ProbeError as exc:
@@ -218,10 +236,10 @@ def run_capacity(req: dict[str, Any], *, out: Path | None, argv: list[str], cons
         if s.target == "local" and cfg.program == "decode" and s.mem_limit_bytes is not None:
             top = max(2, search.lo or est)
             console.print(f"  compiled prediction: compiling (not running) at batch 1 and {top}")
-            fields.update(local_prediction(cfg, s, (1, top), run_dir / "logs"))
+            fields.update(local_prediction(cfg, s, (1, top), folder))
         dev = search.ceiling_probe.result.get("device") if search.ceiling_probe else None
         outcome.ceilings.append(record(cfg.name, cfg.config(), fields, dev))
-    rows = admission_rows(outcome.ceilings, s, shared_prefix=int(req.get("shared_prefix") or 0))
+    rows = admission_rows(outcome.ceilings, s, shared_prefix=int(req.shared_prefix or 0))
     keys = ("kv_dtype", "sliding_kv", "agents", "agent_ctx", "model", "target", "shared_prefix")
     pricing = pricing_for(s.target)
     annotate_admission(rows, s, pricing, s.tpot_ms)
@@ -237,12 +255,9 @@ def run_capacity(req: dict[str, Any], *, out: Path | None, argv: list[str], cons
         record(f"admission/{row['kv_dtype']}/sliding-{row['sliding_kv']}/agents{row['agents']}/ctx{row['agent_ctx']}{shared}",
                {k: row[k] for k in keys}, {"record": "admission", **{k: v for k, v in row.items() if k not in keys}})  # fmt: skip
     write_admission_csv(run_dir / "admission.csv", rows)
-    write_summary(run_dir, records)
     render_ceilings(outcome.ceilings, rows, s, console)
     console.print(latency_table(latency, pricing, s.tpot_ms))
     if rows:
         console.print(admission_latency_table(rows, pricing, s.tpot_ms))
-    paths = plot_capacity(records, run_dir, run_dir / "plots", console)
-    for p in paths:
-        console.print(f"wrote {p}", soft_wrap=True)
+    finish(folder, records, console, also="admission.csv")
     return outcome

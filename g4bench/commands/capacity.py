@@ -8,7 +8,7 @@ unusable request.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -71,32 +71,32 @@ def capacity(
 
     from rich.console import Console
 
-    from harness.capacity_run import CapacityError, run_capacity
+    from harness.capacity_run import CapacityError, CapacityRequest, run_capacity
 
     console = Console(stderr=True)
-    requested: dict[str, Any] = {
-        "ctx": ctx,
-        "model": model,
-        "kv": _split(kv_dtype),
-        "steps": _split(step),
-        "ple": _split(ple),
-        "sliding": _split(sliding_kv),
-        "target": target,
-        "layers": layers,
-        "prefill_tokens": tuple(int(t) for t in _split(prefill) or ()),
-        "tol": tol,
-        "tpot_ms": tpot_ms,
-        "mem_limit_bytes": int(mem_limit_gib * 2**30) if mem_limit_gib else None,
-        "timeout_s": timeout,
-        "shared_prefix": shared_prefix,
-    }
-    bad = [s for s in requested["steps"] or () if s not in ("donated", "copying")]
-    bad += [s for s in requested["sliding"] or () if s not in ("full", "ring")]
+    request = CapacityRequest(
+        ctx=ctx,
+        model=model,
+        kv=_split(kv_dtype),
+        steps=_split(step),
+        ple=_split(ple),
+        sliding=_split(sliding_kv),
+        target=target,
+        layers=layers,
+        prefill_tokens=tuple(int(t) for t in _split(prefill) or ()),
+        tol=tol,
+        tpot_ms=tpot_ms,
+        mem_limit_bytes=int(mem_limit_gib * 2**30) if mem_limit_gib else None,
+        timeout_s=timeout,
+        shared_prefix=shared_prefix,
+    )
+    bad = [s for s in request.steps or () if s not in ("donated", "copying")]
+    bad += [s for s in request.sliding or () if s not in ("full", "ring")]
     if bad:
         console.print(f"[red]capacity: unknown values {bad}[/red]")
         raise typer.Exit(code=2)
     try:
-        outcome = run_capacity(requested, out=out, argv=sys.argv, console=console)
+        outcome = run_capacity(request, out=out, argv=sys.argv, console=console)
     except (CapacityError, FileNotFoundError, ValueError) as exc:
         console.print(f"[red]capacity: {exc}[/red]", soft_wrap=True)
         raise typer.Exit(code=2) from exc

@@ -114,6 +114,7 @@ def test_driver_records_every_probe_and_stops_on_error(monkeypatch: pytest.Monke
     import harness.isolate
     from g4bench.engine.bench import DecodeCase
     from harness.capacity import CapacityConfig, Driver
+    from harness.run import RunFolder
 
     def fake_run(target, payload, timeout_s, mem_limit_bytes=None, **kw):
         b = payload["case"]["batch"]
@@ -124,7 +125,8 @@ def test_driver_records_every_probe_and_stops_on_error(monkeypatch: pytest.Monke
     monkeypatch.setattr(harness.isolate, "run_isolated", fake_run)
     recorded = []
     cfg = CapacityConfig(DecodeCase(model="tiny-a", ctx=64, batch=1), "tpu-v6e")
-    drv = Driver(cfg, 10**9, 10.0, None, lambda *a: recorded.append(a), lambda msg: None, None)
+    folder = RunFolder(tmp_path, base_env={}, timeout_s=10.0, mem_limit_bytes=None)
+    drv = Driver(cfg, 10**9, folder, lambda *a: recorded.append(a), lambda msg: None)
     s = drv.run(40, tol=0.0)
     assert s.lo == 30 and [r[0].rsplit("/", 1)[1] for r in recorded][0] == "probe-b40"
     assert len(recorded) == len(s.probes)
@@ -197,19 +199,19 @@ def test_local_accelerator_uses_the_allocator_limit_without_an_address_space_cap
     """On a GPU host, RLIMIT_AS would break the runtime: the limit is the allocator's own."""
     import harness.isolate
     import harness.load.server
-    from harness.capacity_run import resolve_settings
+    from harness.capacity_run import CapacityRequest, resolve_settings
 
     dev = {"platform": "gpu", "device_kind": "NVIDIA H200", "device_count": 1, "bytes_limit": 100 * 2**30}
     monkeypatch.setattr(harness.load.server, "has_accelerator", lambda: True)
     monkeypatch.setattr(harness.isolate, "run_isolated", lambda target, payload, timeout_s: dict(dev))
     lines = []
     s = resolve_settings(
-        {"ctx": 8192, "model": "e2b"}, type("C", (), {"print": lambda self, m: lines.append(m)})()
+        CapacityRequest(ctx=8192, model="e2b"), type("C", (), {"print": lambda self, m: lines.append(m)})()
     )
     assert s.limit_bytes == 100 * 2**30 and s.mem_limit_bytes is None and s.layers == "w4a16"
     assert "NVIDIA H200 allocator bytes_limit" in s.limit_source
 
     dev["platform"] = "cpu"  # JAX_PLATFORMS=cpu on an accelerator host: the CPU path, RAM and a cap
     assert resolve_settings(
-        {"ctx": 64, "model": "tiny-a"}, type("C", (), {"print": lambda self, m: None})()
+        CapacityRequest(ctx=64, model="tiny-a"), type("C", (), {"print": lambda self, m: None})()
     ).mem_limit_bytes
