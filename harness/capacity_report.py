@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.plots import register_plotter, save
+from harness.results import is_failure
 
 BASELINE = "jax-reference-capacity-v6e1"
 GB = 1e9
@@ -75,7 +76,7 @@ def ceilings_table(ceilings: Sequence[dict[str, Any]], title: str) -> Any:
         step = "donated" if cfg["donate"] else "copying"
         prog = c["name"].split("/")[0]
         label = f"{prog} / {cfg['kv_dtype']} / {step} / {cfg['sliding_kv']} / {cfg['ple']}"
-        if "failure" in c:
+        if is_failure(c):
             t.add_row(label, "[red]error[/red]", *[""] * 9)
             continue
         ref = (

@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from typing import Any
 
+from harness.results import is_failure
+
 DEVICE_TARGET = "harness.doctor:device_child"
 EVAL_SHAPE_TARGET = "harness.doctor:eval_shape_child"
 CALIBRATE_TARGET = "harness.roofline_probes:calibrate_child"
@@ -177,7 +179,7 @@ def run_doctor(*, e2b_compile: bool | None, timeout_s: float = 600.0, progress: 
     say("device: starting JAX in a child")
     dev = run_isolated(DEVICE_TARGET, {}, timeout_s=timeout_s)
     report.facts["device"] = dev
-    device_ok = "failure" not in dev
+    device_ok = not is_failure(dev)
     if not device_ok:
         report.rows.append(Row("device", "fail", _fail_detail(dev)))
         report.rows.extend(command_rows(False, False))
@@ -200,7 +202,7 @@ def run_doctor(*, e2b_compile: bool | None, timeout_s: float = 600.0, progress: 
 
     say("calibration: streaming bandwidth (sum, max, matvec, copy)")
     cal = run_isolated(CALIBRATE_TARGET, CALIBRATION, timeout_s=timeout_s)
-    if "failure" in cal:
+    if is_failure(cal):
         report.rows.append(Row("bandwidth calibration", "fail", _fail_detail(cal)))
     else:
         best = pick_calibration(cal["kernels"])
@@ -225,7 +227,7 @@ def run_doctor(*, e2b_compile: bool | None, timeout_s: float = 600.0, progress: 
     tiny = DecodeCase(model="tiny-a", layers="f32" if not accel else "w4a16", batch=4, ctx=256)
     payload = {"program": "decode", "case": asdict(tiny), "tokens": 1, "target": "local", "compute": None}
     res = run_isolated(COMPILE_TARGET, payload, timeout_s=timeout_s)
-    compile_ok = "failure" not in res and res.get("fits", False)
+    compile_ok = not is_failure(res) and res.get("fits", False)
     report.rows.append(
         Row(
             "decode step tiny-a (compiled)",
@@ -233,7 +235,7 @@ def run_doctor(*, e2b_compile: bool | None, timeout_s: float = 600.0, progress: 
             f"batch 4, ctx 256: compiled in {res['compile_s']:.1f} s (a cache load when the JAX cache is warm), peak {_gb(res.get('peak_bytes'))}"
             if compile_ok
             else _fail_detail(res)
-            if "failure" in res
+            if is_failure(res)
             else "did not fit",
         )
     )
@@ -253,7 +255,7 @@ def run_doctor(*, e2b_compile: bool | None, timeout_s: float = 600.0, progress: 
         say(f"compile: E2B decode step ({shape})")
         payload = {"program": "decode", "case": asdict(e2b), "tokens": 1, "target": "local", "compute": None}
         res = run_isolated(COMPILE_TARGET, payload, timeout_s=timeout_s)
-        ok = "failure" not in res and res.get("fits", False)
+        ok = not is_failure(res) and res.get("fits", False)
         report.rows.append(
             Row(
                 "decode step E2B (compiled)",
@@ -261,14 +263,14 @@ def run_doctor(*, e2b_compile: bool | None, timeout_s: float = 600.0, progress: 
                 f"{shape}: compiled in {res['compile_s']:.1f} s (a cache load when the JAX cache is warm), peak {_gb(res.get('peak_bytes'))}"
                 if ok
                 else _fail_detail(res)
-                if "failure" in res
+                if is_failure(res)
                 else f"{shape}: does not fit the device",
             )
         )
     else:
         say(f"eval_shape: E2B decode step ({shape})")
         res = run_isolated(EVAL_SHAPE_TARGET, {"case": asdict(e2b)}, timeout_s=timeout_s)
-        ok = "failure" not in res
+        ok = not is_failure(res)
         report.rows.append(
             Row(
                 "decode step E2B (eval_shape only)",

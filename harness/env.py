@@ -28,6 +28,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from harness.results import is_failure
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEVICE_FIELDS = ("platform", "device_kind", "device_count")
 
@@ -125,7 +127,7 @@ def probe_device(timeout_s: float = 300.0, target: str = "harness.env:probe_chil
     from harness.isolate import run_isolated
 
     result = run_isolated(target, {}, timeout_s=timeout_s)
-    if "failure" in result:
+    if is_failure(result):
         return result
     return {k: result.get(k) for k in DEVICE_FIELDS}
 

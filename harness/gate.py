@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.results import is_failure
+
 DEFAULT_FLOOR = 0.05
 
 
@@ -218,16 +220,16 @@ def gate_records(
         )
     for key in common:
         base, cur = base_idx[key], cur_idx[key]
-        if "failure" in cur and "failure" not in base:
+        if is_failure(cur) and not is_failure(base):
             detail = f"now fails: {cur['failure']['kind']}"
             report.rows.append(GateRow(key[0], key[1], "-", "-", None, None, None, None, detail, True))
         elif key not in gated:
             continue
-        elif "failure" in base:
+        elif is_failure(base):
             report.rows.append(
                 GateRow(key[0], key[1], "-", "-", None, None, None, None, "baseline failed", False)
             )
-        elif "failure" not in cur:
+        elif not is_failure(cur):
             for spec in _specs_for(base):
                 row = compare_metric(spec, base, cur, floor)
                 if row is not None:

@@ -55,6 +55,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness.results import is_failure
+
 RESULT_PREFIX = "G4BENCH_RESULT "
 DEFAULT_JAX_CACHE_DIR = Path("~/.cache/g4bench/jax-cache")
 STDERR_TAIL_LINES = 40
@@ -356,7 +358,7 @@ def run_isolated(
         parsed = _parse_result(stdout_lines)
         if parsed is None:
             rec = _classify_death(returncode, stderr_tail, mem_limit_bytes)
-        elif "failure" in parsed:
+        elif is_failure(parsed):
             rec = parsed
             fail = rec["failure"]
             fail["returncode"] = returncode

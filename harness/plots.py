@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.results import is_failure
+
 Plotter = Callable[[Sequence[dict[str, Any]], Path, Path, Any], list[Path]]
 # Modules that register plotters for their own record kinds (imported on demand by plot_run).
 PLUGINS = ("harness.capacity_report", "harness.load.plots")
@@ -104,7 +106,7 @@ def _step_panel(ax: Any, meas: Sequence[dict[str, Any]]) -> None:
     names = [r["name"] for r in meas]
     ys = list(range(len(meas)))[::-1]
     for y, r in zip(ys, meas, strict=True):
-        if "failure" in r:
+        if is_failure(r):
             ax.text(0, y, f"  failed: {r['failure']['kind']}", va="center", color="tab:red")
             continue
         color = "tab:blue" if r["config"].get("donate") else "tab:orange"
@@ -171,7 +173,7 @@ def _throughput_figure(meas: Sequence[dict[str, Any]], out_dir: Path) -> list[Pa
     from harness.results import load_baseline
 
     plt = _pyplot()
-    ok = [r for r in meas if "failure" not in r]
+    ok = [r for r in meas if not is_failure(r)]
     fig, ax = plt.subplots(figsize=(9, 6))
     for r in ok:
         marker = "o" if r["config"].get("donate") else "s"
@@ -249,7 +251,7 @@ def plot_roofline(
     from harness.hardware import hardware_for_device
 
     usable = [
-        r for r in records if "failure" not in r and "achieved_gb_per_s" in r and "calibrated_gb_per_s" in r
+        r for r in records if not is_failure(r) and "achieved_gb_per_s" in r and "calibrated_gb_per_s" in r
     ]
     if not usable:
         console.print(

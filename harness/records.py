@@ -23,8 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema, models_json_schema
 
-SCHEMA_VERSION = 1
-SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "result.schema.json"
+from harness.results import SCHEMA_PATH
 
 Kind = Literal["revalidate", "ratio", "summary", "roofline", "capacity", "serve-load"]
 FailureKind = Literal["oom", "timeout", "crash", "no_result"]

@@ -31,7 +31,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.records import SCHEMA_PATH, SCHEMA_VERSION
+SCHEMA_VERSION = 1
+SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "result.schema.json"  # from harness/records.py
 
 BASELINES_DIR = Path(__file__).resolve().parents[1] / "configs" / "baselines"
 RECORDS_FILE = "results.jsonl"

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from harness.results import is_failure
+
 GOAL_FRACTION = 0.5  # issue 3: the E2B decode step should reach half the calibrated bandwidth
 
 
@@ -23,7 +25,7 @@ def _gb(x: float | None) -> str:
 def render_calibration(rec: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
-    if "failure" in rec:
+    if is_failure(rec):
         console.print(f"[red]calibration failed: {rec['failure']['kind']} — {rec['failure']['detail']}[/red]")
         return
     table = Table(
@@ -71,7 +73,7 @@ def render_steps(steps: list[dict[str, Any]], console: Any) -> None:
     for col in cols:
         table.add_column(col, justify="left" if col == "shape" else "right")
     for r in steps:
-        if "failure" in r:
+        if is_failure(r):
             table.add_row(r["name"], f"[red]{r['failure']['kind']}[/red]", *[""] * (len(cols) - 2))
             continue
         ratio = r.get("xla_over_model_bytes")
@@ -146,7 +148,7 @@ def render_slopes(slopes: list[dict[str, Any]], console: Any) -> None:
 def render_breakdown(rec: dict[str, Any], calibrated: float | None, console: Any) -> None:
     from rich.table import Table
 
-    if "failure" in rec:
+    if is_failure(rec):
         console.print(f"[red]breakdown failed: {rec['failure']['kind']} — {rec['failure']['detail']}[/red]")
         return
     step = rec.get("step_ms_median")
@@ -181,12 +183,12 @@ def render_breakdown(rec: dict[str, Any], calibrated: float | None, console: Any
 
 def limiting_note(head: dict[str, Any] | None, breakdown: dict[str, Any] | None) -> str | None:
     """One sentence naming what holds the headline fraction below the goal, from the breakdown."""
-    if not head or "failure" in head or head.get("fraction_of_calibrated") is None:
+    if not head or is_failure(head) or head.get("fraction_of_calibrated") is None:
         return None
     frac = head["fraction_of_calibrated"]
     if frac >= GOAL_FRACTION:
         return f"{head['name']} reaches {frac:.2f} of the calibrated bandwidth (goal ≥ {GOAL_FRACTION})."
-    if not breakdown or "failure" in breakdown or not breakdown.get("step_ms_median"):
+    if not breakdown or is_failure(breakdown) or not breakdown.get("step_ms_median"):
         return f"{head['name']} reaches {frac:.2f} of calibrated (goal ≥ {GOAL_FRACTION}); run with --breakdown to attribute it."
     step = breakdown["step_ms_median"]
     slow = sorted(breakdown["parts"], key=lambda p: p["ms_total"], reverse=True)
@@ -217,5 +219,5 @@ def render(outcome: Any, console: Any) -> None:
 
 def headline(steps: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """The shape the run is about: the largest batch, then the longest context, that succeeded."""
-    ok = [r for r in steps if "failure" not in r]
+    ok = [r for r in steps if not is_failure(r)]
     return max(ok, key=lambda r: (r["batch"], r["ctx"])) if ok else None

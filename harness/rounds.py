@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.results import is_failure
+
 VISITS_FILE = "visits.jsonl"
 
 
@@ -83,7 +85,7 @@ def latest_visits(lines: Iterable[dict[str, Any]]) -> dict[tuple[int, str], dict
 
 
 def succeeded(line: dict[str, Any]) -> bool:
-    return "failure" not in line["result"]
+    return not is_failure(line["result"])
 
 
 def pending(plan: Sequence[Visit], lines: Iterable[dict[str, Any]]) -> list[Visit]:

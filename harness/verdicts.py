@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from harness.results import is_failure
+
 # (effect name, case field varied, reference value, variant values)
 EFFECTS: tuple[tuple[str, str, Any, tuple[Any, ...]], ...] = (
     ("donation", "donate", False, (True,)),
@@ -86,7 +88,7 @@ def ratio_records(
 ) -> list[dict[str, Any]]:
     """Within-run `ratio` records for every effect whose two points both succeeded."""
     from harness.compare import compare_rounds
-    from harness.results import is_failure, make_record
+    from harness.results import make_record
     from harness.revalidate_records import clean_rounds
     from harness.run import record_env
     from harness.stats import verdict
@@ -228,7 +230,7 @@ def render_summary(measurements: Sequence[dict[str, Any]], console: Any) -> None
     for col in ("median", "±CI%", "IQR%", "tok/s", "busy"):
         table.add_column(col, justify="right", no_wrap=True)
     for r in measurements:
-        if "failure" in r:
+        if is_failure(r):
             table.add_row(r["name"], f"[red]{r['failure']['kind']}[/red]", "", "", "", "")
             continue
         table.add_row(

@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from harness.load.client import RequestRecord
+from harness.results import is_failure
+from harness.run import CHILD_TIMEOUT_S
 
 CHILD = "harness.load.decode_ratio:engine_baseline_child"
 GOAL = 0.8  # issue 5: server aggregate decode ≥ 0.8 × the engine's own step
@@ -100,14 +102,14 @@ def engine_baseline_child(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def engine_baseline(
-    model: str, batch: int, kv_len: int, samples: int = 15, timeout_s: float = 1800.0
+    model: str, batch: int, kv_len: int, samples: int = 15, timeout_s: float = CHILD_TIMEOUT_S
 ) -> dict[str, Any]:
     """Run the child; returns its record plus `step_ms_median`, or {"failure": ...}."""
     from harness.isolate import run_isolated
 
     payload = {"model": model, "batch": batch, "kv_len": kv_len, "samples": samples, "warmup": 3}
     res = run_isolated(CHILD, payload, timeout_s=timeout_s)
-    if "failure" not in res:
+    if not is_failure(res):
         res["step_ms_median"] = statistics.median(res["step_ms_samples"])
     return res
 

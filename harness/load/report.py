@@ -23,6 +23,7 @@ import numpy as np
 from harness.load import checks, metrics
 from harness.load.decode_ratio import GOAL, compare, decode_window
 from harness.load.runner import LevelResult, RunResult
+from harness.results import is_failure
 
 # Fields the gate compares by default (direction of "better").
 GATE_METRICS = {
@@ -102,7 +103,7 @@ def build_summary(result: RunResult, meta: dict[str, Any]) -> dict[str, Any]:
         "ttft_definition": "send -> first chunk with generated output (role-only chunks excluded)",
     }
     baseline = meta.get("engine_baseline")
-    if baseline is not None and "failure" not in baseline:
+    if baseline is not None and not is_failure(baseline):
         for lv in levels:
             block = compare(lv, baseline)
             lv["engine_decode_tok_per_s"] = block["engine_tok_per_s"]
@@ -266,7 +267,7 @@ def print_closing(console: Any, summary: dict[str, Any], run_dir: Path) -> None:
                 f"({_fmt(lv.get('ttft_last_turn_ms'))} / {_fmt(lv.get('ttft_first_turn_ms'))} ms)"
             )
     base = summary.get("engine_baseline")
-    if base is not None and "failure" in base:
+    if base is not None and is_failure(base):
         console.print(
             f"  [red]engine baseline failed:[/red] {base['failure'].get('kind')}: {base['failure'].get('detail')}"
         )
