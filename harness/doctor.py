@@ -31,6 +31,7 @@ from importlib import metadata
 from typing import Any
 
 from harness.results import is_failure
+from harness.run import CPU_LAYERS
 
 DEVICE_TARGET = "harness.doctor:device_child"
 EVAL_SHAPE_TARGET = "harness.doctor:eval_shape_child"
@@ -224,7 +225,7 @@ def run_doctor(*, e2b_compile: bool | None, timeout_s: float = 600.0, progress: 
         )
 
     say("compile: tiny-a decode step")
-    tiny = DecodeCase(model="tiny-a", layers="f32" if not accel else "w4a16", batch=4, ctx=256)
+    tiny = DecodeCase(model="tiny-a", layers=CPU_LAYERS if not accel else "w4a16", batch=4, ctx=256)
     payload = {"program": "decode", "case": asdict(tiny), "tokens": 1, "target": "local", "compute": None}
     res = run_isolated(COMPILE_TARGET, payload, timeout_s=timeout_s)
     compile_ok = not is_failure(res) and res.get("fits", False)

@@ -44,11 +44,6 @@ def on_cpu(platform: str | None) -> bool:
     return platform in (None, "cpu")
 
 
-def cpu_layers(platform: str | None, accelerator: str) -> str:
-    """The layer format to measure when none was asked for: `CPU_LAYERS` on the CPU, else `accelerator`."""
-    return CPU_LAYERS if on_cpu(platform) else accelerator
-
-
 def safe_name(name: str) -> str:
     """A file-name-safe form of a configuration name (for its stderr log)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
