@@ -42,8 +42,12 @@ COMPILE_TARGET = "harness.aot:compile_child"
 # second compiling process (a test, another run) fails with "Internal error when accessing libtpu
 # multi-process lockfile". Compile-only children hold no chip, so sharing is safe.
 TPU_CHILD_ENV = {"TPU_SKIP_MDS_QUERY": "1", "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
-_OOM_RE = re.compile(
-    r"required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)"
+# The compiler words a compile-time HBM OOM two ways (both seen for v6e:1x1, libtpu 0.0.52):
+#   "... required for HLO temporaries (31.50G) exceeds available HBM (31.24G) ..."
+#   "... Ran out of memory in memory space hbm. Used 31.26G of 31.24G hbm. ..."
+_OOM_RES = (
+    re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)"),
+    re.compile(r"Used ([\d.]+)([KMGT]) of ([\d.]+)([KMGT]) hbm"),
 )
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # An XLA figure is "plausible" within this factor of the bytes-moved model (both directions).
@@ -53,7 +57,7 @@ COST_SANITY_FACTOR = 3.0
 def parse_hbm_oom(text: str) -> tuple[int, int] | None:
     """(required, available) bytes from a CompileTimeHbmOom message, or None if it is not one.
     The compiler prints binary units with two decimals ("31.77G" = 31.77 GiB), ±5 MiB."""
-    m = _OOM_RE.search(text)
+    m = next((m for m in (r.search(text) for r in _OOM_RES) if m is not None), None)
     if m is None:
         return None
     return int(float(m.group(1)) * _UNITS[m.group(2)]), int(float(m.group(3)) * _UNITS[m.group(4)])

@@ -332,8 +332,11 @@ def print_profile(profile: Profile, rows: list[dict[str, Any]], console: Any) ->
         line += f"; [bold]held out ({v['n_holdout']}): median {v['holdout_median_abs_pct']:.2f}%, max {v['holdout_max_abs_pct']:.2f}%[/bold]"
     console.print(line, soft_wrap=True)
     t = Table(title="measured vs predicted step time", title_justify="left")
-    for c in ("role", "configuration", "measured ms", "predicted ms", "error"):
-        t.add_column(c, justify="left" if c in ("role", "configuration") else "right")
+    # names fold onto a second line rather than being cut at 80 columns; the figures never wrap
+    t.add_column("role", no_wrap=True)
+    t.add_column("configuration", overflow="fold")
+    for c in ("measured ms", "predicted ms", "error"):
+        t.add_column(c, justify="right", no_wrap=True)
     for row in rows:
         t.add_row(
             row["role"],

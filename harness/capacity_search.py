@@ -104,9 +104,10 @@ def _slope(probes: list[Probe], per_seq: float | None) -> float | None:
 
 
 def _guess(probes: list[Probe], limit: int | None, per_seq: float | None) -> int | None:
-    last = probes[-1]
+    """Where the line through the latest probe that reported bytes crosses `limit` (None: no basis)."""
+    last = next((p for p in reversed(probes) if p.bytes is not None), None)
     slope = _slope(probes, per_seq)
-    if last.bytes is None or limit is None or not slope:
+    if last is None or last.bytes is None or limit is None or not slope:
         return None
     g = last.batch + math.floor((limit - last.bytes) / slope)
     return max(g, last.batch + 1) if last.fits else min(g, last.batch - 1)
@@ -161,7 +162,8 @@ def search_ceiling(
     while s.hi - s.lo > max(1, math.floor(s.lo * tol)):  # bisect
         width = s.hi - s.lo
         g = _guess(s.probes, s.limit, per_seq_bytes)
-        b = g if halved and g is not None and s.lo < g < s.hi else (s.lo + s.hi) // 2
+        # a guess at or past an end of the bracket still says which end the boundary hugs
+        b = min(max(g, s.lo + 1), s.hi - 1) if halved and g is not None else (s.lo + s.hi) // 2
         run(b)
         halved = (s.hi - s.lo) * 2 <= width
     return s

@@ -258,10 +258,13 @@ def render_report(report: GateReport, console: Any) -> None:
     table = Table(
         title=f"gate (floor {report.floor:.0%}; real = |ratio − 1| > 2 × noise)", title_justify="left"
     )
-    for col in ("configuration", "metric", "better", "baseline", "current", "ratio", "2×noise", "verdict"):
-        table.add_column(
-            col, justify="right" if col in ("baseline", "current", "ratio", "2×noise") else "left"
-        )
+    # names fold onto further lines rather than being cut at 80 columns; the figures never wrap
+    table.add_column("configuration", overflow="fold")
+    table.add_column("metric", overflow="fold")
+    table.add_column("better", no_wrap=True)
+    for col in ("baseline", "current", "ratio", "2×noise"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("verdict", no_wrap=True)
     styles = {
         "regression": "bold red",
         "improved": "green",

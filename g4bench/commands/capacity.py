@@ -45,7 +45,10 @@ def capacity(
         float | None,
         typer.Option(help="TPOT objective in ms: adds the largest batch whose predicted step meets it."),
     ] = None,
-    tol: Annotated[float, typer.Option(help="Stop when hi − lo ≤ max(1, tol·lo).")] = 0.02,
+    tol: Annotated[
+        float | None,
+        typer.Option(help="Stop when hi − lo ≤ max(1, tol·lo). (default: 0.02 local, 0 = exact for a TPU target)"),
+    ] = None,
     mem_limit_gib: Annotated[
         float | None,
         typer.Option(
@@ -63,7 +66,7 @@ def capacity(
         typer.Option(help="Admission table: also count agents whose contexts share this many first tokens."),
     ] = 0,
 ) -> None:
-    """Find the largest decode batch that fits, by bisection (one fresh process per probe, to within 2%).
+    """Find the largest decode batch that fits, by bisection (one fresh process per probe; within 2% locally, exact for a TPU target).
 
     Local: each probe allocates the cache and runs the step under a memory cap; the measured ceiling is printed beside the ceiling predicted by compiling the same step for this device. TPU targets: each probe compiles for the chip's topology on this host (no TPU needed); the compiler's HBM OOM means "does not fit". Prints ceilings with the memory breakdown and step time, predicted ÷ reference (TPU v6e-1 measurements), donated ÷ copying, ring ÷ full, an agent-fleet admission table; each ceiling's step time from the target's step-time profile (configs/profiles; else the roofline lower bound), tok/s and $/M tokens, and with --tpot-ms the latency ceiling beside the memory one; writes results.jsonl, summary.csv, admission.csv, plots/ to the run folder.
     """

@@ -28,6 +28,12 @@ def test_parse_hbm_oom() -> None:
     # the v6e usable-HBM figure in configs/hardware agrees with the compiler's limit to 10 MB
     assert abs(available - 33_543_694_581) < 10_000_000
     assert parse_hbm_oom("RESOURCE_EXHAUSTED: Out of memory allocating 10 bytes") is None
+    # the compiler's other wording of the same failure (seen next to the boundary)
+    other = (
+        "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. Ran out of memory in "
+        "memory space hbm. Used 31.26G of 31.24G hbm. Exceeded hbm capacity by 14.63M."
+    )
+    assert parse_hbm_oom(other) == (int(31.26 * 2**30), int(31.24 * 2**30))
 
 
 def test_memory_fields_peak() -> None:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from harness.admission import admission_cell, admission_rows, row_bytes
-from harness.capacity_search import Probe, ProbeError, classify, search_ceiling
+from harness.capacity_search import Probe, ProbeError, _guess, classify, search_ceiling
 
 
 def _bound(n: int) -> int:
@@ -56,6 +56,31 @@ def test_linear_guess_converges_in_few_probes() -> None:
     s = search_ceiling(probe, (limit - weights) // per_seq, tol=0.0, limit=limit, per_seq_bytes=per_seq)
     assert s.lo == true
     assert len(s.probes) <= 4
+
+
+def test_guess_uses_the_latest_probe_with_bytes() -> None:
+    """Some compile OOM messages carry no figure: the guess still comes from the latest probe that
+    reported bytes instead of giving up (which sent the v6e search back to halving)."""
+    probes = [Probe(178, False, 178_000), Probe(176, False, None)]
+    assert _guess(probes, 175_500, 1000) == 175
+
+
+def test_guess_past_the_bracket_probes_next_to_its_end() -> None:
+    """Fitting probes' peak bytes undercount what the compiler counts against its limit, so the line
+    through them can cross the limit at or past the smallest failing batch (v6e, bf16 donated: the
+    guess said 176 with 176 known not to fit). Such a guess still says the boundary hugs that end:
+    the next probe is hi − 1, not the bracket's midpoint."""
+    calls: list[int] = []
+
+    def probe(b: int) -> Probe:
+        calls.append(b)
+        fits = b <= 175
+        return Probe(b, fits, 1000 * b - 5000 if fits else None)  # undercounts by 5 sequences
+
+    s = search_ceiling(probe, 176, tol=0.0, limit=176_000 + 1, per_seq_bytes=1000)
+    assert (s.lo, s.hi) == (175, 176)
+    assert calls[:1] == [176] and 175 in calls[:3]
+    assert len(calls) <= 3
 
 
 def test_learned_limit_is_used() -> None:
