@@ -255,7 +255,7 @@ def ceiling_fields(cfg: CapacityConfig, search: Search, limit: int, hw: Any) -> 
 # ------------------------------------------------------------------------------------- the sweep
 
 
-@dataclass
+@dataclass(frozen=True)
 class Settings:
     """Everything a capacity run was made with (written to env.json and printed)."""
 
