@@ -136,30 +136,34 @@ def annotate_admission(
             r["meets_tpot"] = ms is not None and ms <= tpot_ms
 
 
-def latency_table(rows: Sequence[dict[str, Any]], pricing: Pricing, tpot_ms: float | None) -> Any:
+def latency_tables(rows: Sequence[dict[str, Any]], pricing: Pricing, tpot_ms: float | None) -> list[Any]:
+    """Step time, tok/s and $/M tokens at each memory ceiling; with a TPOT objective a second table
+    (each fits 80 columns): the latency ceiling, which of the two binds, and the figures at the
+    batch that meets both."""
     from rich.table import Table
 
     def f(v: Any, fmt: str) -> str:
         return "—" if v is None else format(v, fmt)
 
     usd = f"$/M tok (${pricing.usd_per_hour}/h)" if pricing.usd_per_hour else "$/M tok (no price)"
-    title = f"step time and cost at each ceiling — {pricing.basis}"
-    if tpot_ms is not None:
-        title += f"; TPOT objective {tpot_ms:g} ms"
-    t = Table(title=title, title_justify="left")
-    cols = ["kv / step / sliding", "memory ceiling", "step ms", "tok/s", usd]
-    if tpot_ms is not None:
-        cols += ["latency ceiling", "binds", "batch", "step ms", "tok/s", usd]
-    for col in cols:
-        t.add_column(col, justify="left" if col.startswith("kv") else "right")
+    mem = Table(title=f"step time and cost at each memory ceiling — {pricing.basis}", title_justify="left")
+    mem.add_column("kv / step / sliding", overflow="fold")
+    for col in ("memory ceiling", "step ms", "tok/s", usd):
+        mem.add_column(col, justify="right", overflow="fold")
     for r in rows:
-        vals = [f"{r['kv_dtype']} / {r['step']} / {r['sliding_kv']}", str(r["memory_ceiling"]),
-                f(r["step_ms_at_memory"], ".1f"), f(r["tok_per_s"], ",.0f"), f(r["usd_per_m_tokens"], ".3f")]  # fmt: skip
-        if tpot_ms is not None:
-            vals += [str(r["latency_ceiling"]), r["binding"], str(r["batch_at_tpot"]), f(r["step_ms_at_tpot"], ".1f"),
-                     f(r["tok_per_s_at_tpot"], ",.0f"), f(r["usd_per_m_tokens_at_tpot"], ".3f")]  # fmt: skip
-        t.add_row(*vals)
-    return t
+        mem.add_row(f"{r['kv_dtype']} / {r['step']} / {r['sliding_kv']}", str(r["memory_ceiling"]),
+                    f(r["step_ms_at_memory"], ".1f"), f(r["tok_per_s"], ",.0f"), f(r["usd_per_m_tokens"], ".3f"))  # fmt: skip
+    if tpot_ms is None:
+        return [mem]
+    lat = Table(title=f"TPOT objective {tpot_ms:g} ms: memory vs latency ceiling", title_justify="left")
+    lat.add_column("kv / step / sliding", overflow="fold")
+    for col in ("memory", "latency", "binds", "batch", "step ms", "tok/s", "$/M tok"):
+        lat.add_column(col, justify="right", overflow="fold")
+    for r in rows:
+        lat.add_row(f"{r['kv_dtype']} / {r['step']} / {r['sliding_kv']}", str(r["memory_ceiling"]),
+                    str(r["latency_ceiling"]), r["binding"], str(r["batch_at_tpot"]), f(r["step_ms_at_tpot"], ".1f"),
+                    f(r["tok_per_s_at_tpot"], ",.0f"), f(r["usd_per_m_tokens_at_tpot"], ".3f"))  # fmt: skip
+    return [mem, lat]
 
 
 def admission_latency_table(rows: Sequence[dict[str, Any]], pricing: Pricing, tpot_ms: float | None) -> Any:

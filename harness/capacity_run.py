@@ -192,7 +192,7 @@ def run_capacity(
         admission_latency_table,
         annotate_admission,
         ceiling_latency,
-        latency_table,
+        latency_tables,
         pricing_for,
     )
     from harness.capacity_report import render_ceilings
@@ -267,7 +267,8 @@ def run_capacity(
                {k: row[k] for k in keys}, {"record": "admission", **{k: v for k, v in row.items() if k not in keys}})  # fmt: skip
     write_admission_csv(run_dir / "admission.csv", rows)
     render_ceilings(outcome.ceilings, rows, s, console)
-    console.print(latency_table(latency, pricing, s.tpot_ms))
+    for table in latency_tables(latency, pricing, s.tpot_ms):
+        console.print(table)
     if rows:
         console.print(admission_latency_table(rows, pricing, s.tpot_ms))
     finish(folder, records, console, also="admission.csv")

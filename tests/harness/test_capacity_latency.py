@@ -41,3 +41,31 @@ def test_binding_ceiling_and_roofline_fallback(pricing):
     rrow = ceiling_latency(ceilings, roof, 50.0)[0]
     assert rrow["basis"] == "roofline lower bound" and rrow["binding"] == "memory"
     assert rrow["step_ms_at_memory"] < row["step_ms_at_memory"]  # a lower bound is lower
+
+
+def test_committed_v6e_tables_fit_80_columns() -> None:
+    """The ceilings and latency tables of the committed v6e run print in a log 80 columns wide with
+    no cell cut to "…" (names may fold onto a second line), and show the figures they are for."""
+    import io
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from harness.capacity_latency import latency_tables
+    from harness.capacity_report import render_ceilings
+    from harness.results import read_records
+
+    recs = read_records(Path(__file__).parents[2] / "results/reference/capacity-tpu-v6e-ctx8192")
+    ceilings = [r for r in recs if r.get("record") not in ("probe", "latency", "admission")]
+    latency = ceiling_latency(ceilings, pricing_for("tpu-v6e"), 50.0)
+    out = io.StringIO()
+    console = Console(file=out, width=80)
+    render_ceilings(ceilings, [], SimpleNamespace(model="e2b", ctx=8192, target="tpu-v6e"), console)
+    for table in latency_tables(latency, pricing_for("tpu-v6e"), 50.0):
+        console.print(table)
+    text = out.getvalue()
+    tables = [line for line in text.splitlines() if line.startswith(("┃", "│"))]
+    assert tables and all(len(line) <= 80 for line in tables)
+    assert "…" not in "\n".join(tables)
+    assert "1,433,600" in text and "latency" in text  # bf16 donated full: 175 × 8,192 tokens; a binding word
