@@ -32,7 +32,7 @@ PROFILE_DIR = Path(__file__).resolve().parents[1] / "configs" / "profiles"
 P_GRID = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 STARTS = ((1.0, 0.8, 2.0, 0.9, 20.0), (2.0, 0.1, 1.0, 0.8, 80.0), (0.5, 1.5, 3.0, 1.0, 40.0))
 REFERENCE_CSV = "jax-reference-steptime-v6e1"
-KINDS = ("revalidate", "roofline")
+KINDS = ("revalidate", "roofline", "engine-steps")
 
 
 class CalibrateError(ValueError):
@@ -50,8 +50,14 @@ class Point:
     feats: dict[str, float] = field(default_factory=dict)
 
     @property
+    def program(self) -> str:
+        return str(self.config.get("program", "decode"))
+
+    @property
     def label(self) -> str:
         c = self.config
+        if "program" in c:  # engine-steps: one engine call as served
+            return f"{c['program']}/slots{c['max_slots']}/rows{c['rows']}/T{c['tokens']}/kv{c['kv_len']}"
         step = "donated" if c["donate"] else "copying"
         return f"ple-{c['ple']}/kv-{c['kv_dtype']}/{step}/B{c['batch']}/ctx{c['ctx']}"
 
@@ -76,8 +82,10 @@ def cost_of(config: dict[str, Any]) -> Any:
 
 
 def with_features(points: list[Point]) -> list[Point]:
+    from harness import engine_steps
+
     for p in points:
-        p.feats = features_of(cost_of(p.config))
+        p.feats = features_of(engine_steps.cost_of(p.config) if "program" in p.config else cost_of(p.config))
     return points
 
 
@@ -88,7 +96,11 @@ def points_from_runs(run_dirs: list[Path], role: str = "fit") -> list[Point]:
     out = []
     for d in run_dirs:
         recs = [r for r in read_records(Path(d)) if r.get("kind") in KINDS and not is_failure(r)]
-        found = [r for r in recs if r.get("step_ms_median") and r.get("config", {}).get("batch")]
+        found = [
+            r
+            for r in recs
+            if r.get("step_ms_median") and (r.get("config", {}).get("batch") or r["kind"] == "engine-steps")
+        ]
         if not found:
             raise CalibrateError(f"{d}: no {'/'.join(KINDS)} records with step_ms_median and config.batch")
         for r in found:
@@ -300,19 +312,26 @@ def run_calibrate(run_dirs: list[Path], holdout_dirs: list[Path], *, reference: 
 
     prov.update({"fitted_with": f"g4bench calibrate (numpy {np.__version__}, scipy {version('scipy')})",
                  "model_form": "harness/steptime.py", "fit_points": len(fit), "holdout_points": len(hold)})  # fmt: skip
-    console.print(f"fitting {len(fit)} points ({len(hold)} held out) for {dev} …")
-    model = fit_model(fit, hold)
-    profile = Profile(dev, engine, {"decode": model}, prov)
-    rows = point_rows(model, fit + hold + extra)
-    path = write_profile(out or PROFILE_DIR / f"{dev}.toml", profile, {"decode": rows})
-    print_profile(profile, rows, console)
+    models: dict[str, StepModel] = {}
+    rows_by: dict[str, list[dict[str, Any]]] = {}
+    for prog in sorted({p.program for p in fit}, key=lambda q: (q != "decode", q)):
+        f = [p for p in fit if p.program == prog]
+        h = [p for p in hold if p.program == prog]
+        console.print(f"fitting {len(f)} {prog} points ({len(h)} held out) for {dev} …")
+        models[prog] = fit_model(f, h)
+        rows_by[prog] = point_rows(models[prog], f + h + [p for p in extra if p.program == prog])
+    profile = Profile(dev, engine, models, prov)
+    path = write_profile(out or PROFILE_DIR / f"{dev}.toml", profile, rows_by)
+    rows = [r for prog in models for r in rows_by[prog]]
+    for prog in models:
+        print_profile(profile, rows_by[prog], console, prog)
     return profile, path, rows
 
 
-def print_profile(profile: Profile, rows: list[dict[str, Any]], console: Any) -> None:
+def print_profile(profile: Profile, rows: list[dict[str, Any]], console: Any, program: str = "decode") -> None:
     from rich.table import Table
 
-    m = profile.programs["decode"]
+    m = profile.programs[program]
     r = m.rates()
     weights = (
         "absorbed into the constant"
@@ -320,7 +339,7 @@ def print_profile(profile: Profile, rows: list[dict[str, Any]], console: Any) ->
         else f"{r['weights_gb_per_s']:.0f} GB/s"
     )
     console.print(
-        f"[bold]{profile.device} decode step model[/bold] (overlap p = {m.overlap_p:g}, chosen by LOO on the fit points): "
+        f"[bold]{profile.device} {program} step model[/bold] (overlap p = {m.overlap_p:g}, chosen by LOO on the fit points): "
         f"constant {m.coef['const_ms']:.2f} ms; KV + logits stream {r['kv_gb_per_s'] or 0:.0f} GB/s; "
         f"linears {r['linear_tflop_per_s'] or 0:.0f} TFLOP/s; attention {r['attention_tflop_per_s'] or 0:.1f} TFLOP/s; "
         f"weights stream {weights}",
