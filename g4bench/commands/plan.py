@@ -53,6 +53,8 @@ def plan(
     from harness.sim.validate import ValidateError
 
     console = Console(stderr=True)
+    if not console.is_terminal:
+        console.width = 160  # logs and captures: keep the tables on one line per row
     run_dir = out or create_run_dir(Path("results"), "plan")
     try:
         tgt = planner.resolve_target(target, profile, model)

@@ -82,11 +82,15 @@ def _attainment(level: dict[str, Any], agent: bool) -> float:
     return float(v) if v is not None else 0.0
 
 
-def _failing(level: dict[str, Any], target: float) -> str:
-    """The objective with the lowest attainment at this level: what binds."""
+def _failing(level: dict[str, Any], target: float, agent: bool) -> str:
+    """What binds at this level: the objective the most turns (or tasks) miss, and the attainment."""
     by = level["attainment_by_objective"]
     worst = min(by, key=lambda k: by[k])
-    return f"SLO: {worst} (attainment {by[worst]:.2f} < {target:g} at the next agent count)"
+    basis = "task" if agent else "request"
+    return (
+        f"SLO: {worst} ({(1 - by[worst]) * 100:.1f}% miss it; {basis} attainment "
+        f"{_attainment(level, agent):.2f} < {target:g} at the next agent count)"
+    )
 
 
 def probe_summary(records: list[Any], duration_s: float, slo: SLO, turns: int) -> dict[str, Any]:
@@ -154,7 +158,7 @@ def size_one(
     if hi_cap < 1:
         return Sizing(knobs, ceiling, overhead_source, 0, "memory: one agent's KV does not fit", [])
     if probe(1).attainment < slo.attainment_target:
-        return Sizing(knobs, ceiling, overhead_source, 0, _failing(probe(1).summary, slo.attainment_target),
+        return Sizing(knobs, ceiling, overhead_source, 0, _failing(probe(1).summary, slo.attainment_target, agent),
                       sorted(probes.values(), key=lambda p: p.agents))  # fmt: skip
     lo, hi = 1, 2
     while hi <= hi_cap and probe(hi).attainment >= slo.attainment_target:
@@ -168,7 +172,7 @@ def size_one(
             "memory (KV of one more agent does not fit)" if hi_cap == ceiling else f"search cap {SEARCH_CAP}"
         )
     else:
-        binding = _failing(probe(lo + 1).summary, slo.attainment_target)
+        binding = _failing(probe(lo + 1).summary, slo.attainment_target, agent)
     return Sizing(
         knobs, ceiling, overhead_source, lo, binding, sorted(probes.values(), key=lambda p: p.agents)
     )

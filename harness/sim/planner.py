@@ -153,9 +153,9 @@ def print_fleet(rows: list[tuple[Sizing, dict[str, Any]]], target: Target, agent
     for line in target.assumptions:
         console.print(f"  assumption: {line}", soft_wrap=True)
     t = Table(title=f"plan · {target.id} · {agents} agents", title_justify="left")
-    for c in ("knobs", "mem ceiling", "agents/chip", "chips", "TPOT p50", "TPOT p99", "TTFT p50", "tok/s/chip",
-              "$/M out tok", "$/agent-h", "binding"):  # fmt: skip
-        t.add_column(c, justify="left" if c in ("knobs", "binding") else "right")
+    for col in ("knobs", "mem ceiling", "agents/chip", "chips", "TPOT p50", "TPOT p99", "TTFT p50", "tok/s/chip",
+                "$/M out tok", "$/agent-h", "binding"):  # fmt: skip
+        t.add_column(col, justify="left" if col in ("knobs", "binding") else "right")
     for s, c in rows:
         top = s.at_ceiling.summary if s.at_ceiling else {}
 
@@ -170,9 +170,10 @@ def print_fleet(rows: list[tuple[Sizing, dict[str, Any]]], target: Target, agent
 
 
 def fleet_json(rows: list[tuple[Sizing, dict[str, Any]]], target: Target, agents: int) -> dict[str, Any]:
-    out = {"target": target.id, "agents": agents, "assumptions": target.assumptions, "settings": []}
+    settings: list[dict[str, Any]] = []
+    out = {"target": target.id, "agents": agents, "assumptions": target.assumptions, "settings": settings}
     for s, c in rows:
-        out["settings"].append({
+        settings.append({
             "knobs": s.knobs.label, "kv_dtype": s.knobs.kv_dtype, "sliding_kv": s.knobs.sliding_kv,
             "max_slots": s.knobs.max_slots, "memory_ceiling": s.memory_ceiling, "agents_per_chip": s.agents_per_chip,
             "binding": s.binding, **c,

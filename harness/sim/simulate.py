@@ -20,7 +20,9 @@ a prefix either: their task ids differ):
 
 No sleeping and no threads: `Scheduler.step()` is the engine thread's loop body. A reply's next turn
 is submitted from the request's finish callback, at the instant the scheduler reports it, which is
-when a client with zero network latency would send it. Client and HTTP overheads are not modelled.
+when a client with zero network latency would send it. A send that falls inside an engine call
+reaches the scheduler when that call ends (as in the server, whose loop admits between calls); the
+record's times still count from the send. Client and HTTP overheads are not modelled.
 """
 
 from __future__ import annotations
@@ -72,8 +74,9 @@ class _Sink:
     level: _Level
     task: Task
     spec: RequestSpec
-    send_s: float
+    send_s: float  # when the client sent it
     scheduled_s: float
+    submitted_s: float  # when the scheduler saw it (after the engine call in progress at send_s)
 
     def on_token(self, token: int) -> bool:
         return False
@@ -105,35 +108,36 @@ class _Level:
         self.started += 1
         return task
 
-    def send(self, task: Task, scheduled_s: float) -> None:
+    def send(self, task: Task, scheduled_s: float, send_s: float) -> None:
         spec = task.next_spec()
         assert spec is not None and spec.prompt_ids is not None  # token transport, a turn left
         body = spec.body
         params = GenerationParams(max_tokens=int(body["max_tokens"]), min_tokens=int(body.get("min_tokens", 0)),
                                   ignore_eos=bool(body.get("ignore_eos", False)))  # fmt: skip
-        sink = _Sink(self, task, spec, self.clock.now, scheduled_s)
+        sink = _Sink(self, task, spec, send_s, scheduled_s, self.clock.now)
         self.scheduler.submit(list(spec.prompt_ids), params, sink)
 
-    def start_task(self, task: Task, scheduled_s: float) -> None:
+    def start_task(self, task: Task, scheduled_s: float, send_s: float) -> None:
         self.in_flight += 1
-        self.send(task, scheduled_s)
+        self.send(task, scheduled_s, send_s)
 
     def finished(self, sink: _Sink, res: RequestResult) -> None:
         spec, n = sink.spec, len(res.output_ids)
+        late = sink.submitted_s - sink.send_s  # the scheduler's times count from its submission
         ok = res.finish_reason in ("stop", "length")
         rec = RequestRecord(
             request_id=spec.request_id, endpoint=spec.endpoint, agent_id=spec.agent_id, task_id=spec.task_id,
             turn=spec.turn, input_len=spec.input_len, max_tokens=int(spec.body["max_tokens"]),
             scheduled_s=sink.scheduled_s, send_s=sink.send_s, ok=ok, error=res.error,
             error_kind=None if ok else "http", status_code=200 if ok else 500,
-            chunk_times=list(res.token_times_s), chunk_tokens=[1] * n, chunk_tokens_source="token_ids",
-            end_s=sink.send_s + res.token_times_s[-1] if res.token_times_s else None, done=ok,
+            chunk_times=[t + late for t in res.token_times_s], chunk_tokens=[1] * n, chunk_tokens_source="token_ids",
+            end_s=sink.submitted_s + res.token_times_s[-1] if res.token_times_s else None, done=ok,
             finish_reason=res.finish_reason, prompt_tokens=res.prompt_tokens, completion_tokens=n,
             cached_tokens=res.cached_tokens, output_ids=list(res.output_ids), prompt_ids=spec.prompt_ids,
         )  # fmt: skip
         self.records.append(rec)
         if ok and sink.task.observe(rec) is None and sink.task.turn < self.cfg.workload.turns_per_task:
-            self.send(sink.task, self.clock.now)  # the next turn, sent as the reply ends
+            self.send(sink.task, self.clock.now, self.clock.now)  # the next turn, sent as the reply ends
             return
         self.in_flight -= 1
         self.push(self.clock.now, "free", None)
@@ -141,17 +145,17 @@ class _Level:
     def push(self, t: float, kind: str, arg: Any) -> None:
         heapq.heappush(self.events, (t, next(self.seq), kind, arg))
 
-    def handle(self, kind: str, arg: Any) -> None:
-        """Client events: "free" (a closed-loop worker or an open-loop slot is free), "arrive"."""
+    def handle(self, t: float, kind: str, arg: Any) -> None:
+        """Client event at time `t`: "free" (a closed-loop worker or an open-loop slot is free), "arrive"."""
         if kind == "arrive":
             task = self.new_task() if level_tasks(self.cfg, self.conc) is not None else self._open_task()
             if task is not None:
                 self.waiting_tasks.append((task, arg))
         elif math.isinf(self.cfg.rate) and (task := self.new_task()) is not None:
-            self.waiting_tasks.append((task, self.clock.now))
+            self.waiting_tasks.append((task, t))
         while self.waiting_tasks and self.in_flight < self.conc:
             task, at = self.waiting_tasks.popleft()
-            self.start_task(task, at)
+            self.start_task(task, at, t)
 
     def _open_task(self) -> Task:
         task = make_tasks(self.cfg.workload, 1, first_id=self.conc * 1_000_000 + self.started)[0]
@@ -177,8 +181,8 @@ def simulate_level(
             level.push(float(t), "arrive", float(t))
     while True:
         while level.events and level.events[0][0] <= clock.now:
-            _, _, kind, arg = heapq.heappop(level.events)
-            level.handle(kind, arg)
+            t, _, kind, arg = heapq.heappop(level.events)
+            level.handle(t, kind, arg)
         if sched.num_active or sched.num_waiting:
             before = len(engine.calls)
             sched.step()

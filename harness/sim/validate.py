@@ -4,8 +4,8 @@ Data flow::
 
     RUN_DIR/summary.json ── run.workload, concurrencies, tasks per level, rate, burstiness, SLO,
                             server {model, max_slots, max_len} (serve-load's self-started server)
-      → LoadConfig + ServerShape (the server's other settings: LaunchSpec defaults, as serve-load
-        starts it) → simulate() with the profile's pricer → summary (report.build_summary)
+      → LoadConfig + ServerShape (the server's other settings from the LaunchSpec in its recorded
+        command, else LaunchSpec defaults, as serve-load starts it) → simulate() with the profile's pricer → summary (report.build_summary)
       → one row per (metric, concurrency): measured, predicted, predicted ÷ measured, error %
       → validation.json + the simulated run folder (serve-load's files), so plots overlay
 
@@ -63,7 +63,8 @@ def setup_from(summary: dict[str, Any]) -> tuple[Any, Any]:
         tasks_per_conc=_tasks_per_conc(summary), rate=math.inf if rate == "inf" else float(rate),
         burstiness=float(run["burstiness"]), slo=SLO(**slo),
     )  # fmt: skip
-    spec = LaunchSpec()
+    cmd = server.get("command") or []
+    spec = LaunchSpec.from_json(cmd[-1]) if cmd and str(cmd[-1]).startswith("{") else LaunchSpec()
     shape = ServerShape(model=server["model"], max_slots=int(server["max_slots"]), max_len=int(server["max_len"]),
                         kv_dtype=spec.kv_dtype, sliding_kv=spec.sliding_kv, chunk_size=spec.chunk_size,
                         kv_layout=spec.kv_layout, cached_windows=spec.cached_windows, max_waiting=spec.max_waiting)  # fmt: skip

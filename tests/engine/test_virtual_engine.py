@@ -82,6 +82,7 @@ def test_same_engine_calls_as_the_real_engine(cfg, params, layout):
     assert drive(real) == drive(virtual)
     kinds = {entry[0] for entry in real.log}
     assert {"prefill", "decode"} <= kinds
+
     # sampled token values differ (random weights vs a fixed id) and never steer the schedule
     # (ignore_eos): compare decode calls by positions and active rows, everything else exactly
     def shape(log):
@@ -94,7 +95,9 @@ def test_clock_advances_by_priced_shapes(cfg):
     ecfg = EngineConfig(**ECFG)
     clock = VirtualClock()
     price = {"prefill": 0.010, "decode": 0.002}
-    engine = VirtualEngine(cfg, ecfg, lambda call: price[call.program] * (call.tokens if call.program == "prefill" else 1), clock)
+    engine = VirtualEngine(
+        cfg, ecfg, lambda call: price[call.program] * (call.tokens if call.program == "prefill" else 1), clock
+    )
     drive(engine, clock)
     expect = sum(price[c.program] * (c.tokens if c.program == "prefill" else 1) for c in engine.calls)
     assert clock.now == pytest.approx(expect)
