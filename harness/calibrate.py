@@ -159,7 +159,9 @@ def _stats(prefix: str, err: np.ndarray) -> dict[str, float]:
     return {f"{prefix}_median_abs_pct": float(np.median(a)), f"{prefix}_max_abs_pct": float(a.max())}
 
 
-def fit_model(fit: list[Point], holdout: Sequence[Point] = (), p_grid: tuple[float, ...] = P_GRID) -> StepModel:
+def fit_model(
+    fit: list[Point], holdout: Sequence[Point] = (), p_grid: tuple[float, ...] = P_GRID
+) -> StepModel:
     """Fit on `fit` (p chosen by LOO on `fit` alone), then predict `holdout` without refitting."""
     if len(fit) < len(COEFFS) + 1:
         raise CalibrateError(
@@ -328,7 +330,9 @@ def run_calibrate(run_dirs: list[Path], holdout_dirs: list[Path], *, reference: 
     return profile, path, rows
 
 
-def print_profile(profile: Profile, rows: list[dict[str, Any]], console: Any, program: str = "decode") -> None:
+def print_profile(
+    profile: Profile, rows: list[dict[str, Any]], console: Any, program: str = "decode"
+) -> None:
     from rich.table import Table
 
     m = profile.programs[program]
