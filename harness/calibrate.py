@@ -199,6 +199,60 @@ def point_rows(
     return rows
 
 
+PREFILL_CSV = "jax-reference-prefill-v6e1"
+
+
+def reference_prefill_model(decode: StepModel) -> tuple[StepModel, list[dict[str, Any]]]:
+    """The v6e `[prefill]` model from the reference's one-shot prefill (PREFILL_CSV): the decode
+    model with its attention ms/TFLOP refitted (one parameter; three prompt sizes). Validation is
+    leave-one-size-out. Returns the model and its point rows."""
+    from scipy.optimize import least_squares
+
+    from g4bench.model import costs
+    from g4bench.model.config import load_config
+    from g4bench.model.kv_cache import CacheLayout
+    from g4bench.model.params import WeightFormat
+    from harness.results import load_baseline
+
+    cfg, fmt = load_config("e2b"), WeightFormat(layers="w4a16", ple="bf16", embed="bf16")
+    df = load_baseline(PREFILL_CSV)
+    feats, y = [], np.array(df["prefill_ms"], float)
+    for r in df.itertuples():
+        layout = CacheLayout(max_len=int(r.cache_len), kv_dtype="bf16", ring=False)
+        feats.append(features_of(costs.prefill_cost(cfg, fmt, layout, int(r.bucket), int(r.bucket))))
+    arr = {n: np.array([f[n] for f in feats]) for n in FEATURES}
+    base = [decode.coef[n] for n in COEFFS]
+    i_att = COEFFS.index("attention_ms_per_tflop")
+
+    def fit(mask: np.ndarray) -> float:
+        def resid(th: np.ndarray) -> np.ndarray:
+            c = list(base)
+            c[i_att] = th[0]
+            return (predict_ms(c, decode.overlap_p, _sub(arr, mask)) - y[mask]) / y[mask]
+
+        return float(least_squares(resid, [base[i_att]], bounds=(0.0, np.inf)).x[0])
+
+    def pred(att: float, mask: np.ndarray) -> np.ndarray:
+        c = list(base)
+        c[i_att] = att
+        return predict_ms(c, decode.overlap_p, _sub(arr, mask))
+
+    att = fit(np.ones(len(y), bool))
+    err = (pred(att, np.ones(len(y), bool)) - y) / y * 100
+    loo = []
+    for i in range(len(y)):
+        m = np.ones(len(y), bool)
+        m[i] = False
+        loo.append((pred(fit(m), ~m)[0] - y[i]) / y[i] * 100)
+    v = {"n_fit": len(y), **_stats("fit", err), **_stats("loo", np.array(loo)),
+         "refitted": "attention_ms_per_tflop only; other coefficients and p from [decode]"}  # fmt: skip
+    model = StepModel({**decode.coef, "attention_ms_per_tflop": att}, decode.overlap_p, v)
+    rows = [{"label": f"prefill/B1/S{int(r.bucket)}", "role": "fit", "source": str(r.source),
+             "measured_ms": float(r.prefill_ms), "predicted_ms": float(p), "error_pct": float(e)}
+            for r, p, e in zip(df.itertuples(), pred(att, np.ones(len(y), bool)), err, strict=True)]  # fmt: skip
+    return model, rows
+
+
 # ------------------------------------------------------------------------------------------ files
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
@@ -322,6 +376,9 @@ def run_calibrate(run_dirs: list[Path], holdout_dirs: list[Path], *, reference: 
         console.print(f"fitting {len(f)} {prog} points ({len(h)} held out) for {dev} …")
         models[prog] = fit_model(f, h)
         rows_by[prog] = point_rows(models[prog], f + h + [p for p in extra if p.program == prog])
+    if reference and "prefill" not in models:
+        models["prefill"], rows_by["prefill"] = reference_prefill_model(models["decode"])
+        prov["prefill_data"] = f"configs/baselines/{PREFILL_CSV}.csv"
     profile = Profile(dev, engine, models, prov)
     path = write_profile(out or PROFILE_DIR / f"{dev}.toml", profile, rows_by)
     rows = [r for prog in models for r in rows_by[prog]]
