@@ -89,7 +89,7 @@ def _failing(level: dict[str, Any], target: float, agent: bool) -> str:
     basis = "task" if agent else "request"
     return (
         f"SLO: {worst} ({(1 - by[worst]) * 100:.1f}% miss it; {basis} attainment "
-        f"{_attainment(level, agent):.2f} < {target:g} at the next agent count)"
+        f"{_attainment(level, agent):.3f} < {target:g} at the next agent count)"
     )
 
 
