@@ -15,8 +15,10 @@ from g4bench.commands import (
     capacity,
     device_check,
     doctor,
+    engine_steps,
     gate,
     generate,
+    plan,
     plot,
     revalidate,
     roofline,
@@ -44,6 +46,8 @@ app.command("calibrate")(calibrate.calibrate)
 app.command("serve")(serve.serve)
 app.command("serve-load")(serve_load.serve_load)
 app.command("doctor")(doctor.doctor)
+app.command("engine-steps")(engine_steps.engine_steps)
+app.command("plan")(plan.plan)
 app.command("device-check")(device_check.device_check)
 
 if __name__ == "__main__":

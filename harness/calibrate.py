@@ -32,7 +32,7 @@ PROFILE_DIR = Path(__file__).resolve().parents[1] / "configs" / "profiles"
 P_GRID = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 STARTS = ((1.0, 0.8, 2.0, 0.9, 20.0), (2.0, 0.1, 1.0, 0.8, 80.0), (0.5, 1.5, 3.0, 1.0, 40.0))
 REFERENCE_CSV = "jax-reference-steptime-v6e1"
-KINDS = ("revalidate", "roofline")
+KINDS = ("revalidate", "roofline", "engine-steps")
 
 
 class CalibrateError(ValueError):
@@ -50,8 +50,14 @@ class Point:
     feats: dict[str, float] = field(default_factory=dict)
 
     @property
+    def program(self) -> str:
+        return str(self.config.get("program", "decode"))
+
+    @property
     def label(self) -> str:
         c = self.config
+        if "program" in c:  # engine-steps: one engine call as served
+            return f"{c['program']}/slots{c['max_slots']}/rows{c['rows']}/T{c['tokens']}/kv{c['kv_len']}"
         step = "donated" if c["donate"] else "copying"
         return f"ple-{c['ple']}/kv-{c['kv_dtype']}/{step}/B{c['batch']}/ctx{c['ctx']}"
 
@@ -76,8 +82,10 @@ def cost_of(config: dict[str, Any]) -> Any:
 
 
 def with_features(points: list[Point]) -> list[Point]:
+    from harness import engine_steps
+
     for p in points:
-        p.feats = features_of(cost_of(p.config))
+        p.feats = features_of(engine_steps.cost_of(p.config) if "program" in p.config else cost_of(p.config))
     return points
 
 
@@ -88,7 +96,11 @@ def points_from_runs(run_dirs: list[Path], role: str = "fit") -> list[Point]:
     out = []
     for d in run_dirs:
         recs = [r for r in read_records(Path(d)) if r.get("kind") in KINDS and not is_failure(r)]
-        found = [r for r in recs if r.get("step_ms_median") and r.get("config", {}).get("batch")]
+        found = [
+            r
+            for r in recs
+            if r.get("step_ms_median") and (r.get("config", {}).get("batch") or r["kind"] == "engine-steps")
+        ]
         if not found:
             raise CalibrateError(f"{d}: no {'/'.join(KINDS)} records with step_ms_median and config.batch")
         for r in found:
@@ -147,7 +159,9 @@ def _stats(prefix: str, err: np.ndarray) -> dict[str, float]:
     return {f"{prefix}_median_abs_pct": float(np.median(a)), f"{prefix}_max_abs_pct": float(a.max())}
 
 
-def fit_model(fit: list[Point], holdout: Sequence[Point] = (), p_grid: tuple[float, ...] = P_GRID) -> StepModel:
+def fit_model(
+    fit: list[Point], holdout: Sequence[Point] = (), p_grid: tuple[float, ...] = P_GRID
+) -> StepModel:
     """Fit on `fit` (p chosen by LOO on `fit` alone), then predict `holdout` without refitting."""
     if len(fit) < len(COEFFS) + 1:
         raise CalibrateError(
@@ -183,6 +197,60 @@ def point_rows(
         rows.append({"label": p.label, "role": p.role, "source": p.source, "measured_ms": p.measured_ms,
                      "predicted_ms": pred, "error_pct": (pred - p.measured_ms) / p.measured_ms * 100})  # fmt: skip
     return rows
+
+
+PREFILL_CSV = "jax-reference-prefill-v6e1"
+
+
+def reference_prefill_model(decode: StepModel) -> tuple[StepModel, list[dict[str, Any]]]:
+    """The v6e `[prefill]` model from the reference's one-shot prefill (PREFILL_CSV): the decode
+    model with its attention ms/TFLOP refitted (one parameter; three prompt sizes). Validation is
+    leave-one-size-out. Returns the model and its point rows."""
+    from scipy.optimize import least_squares
+
+    from g4bench.model import costs
+    from g4bench.model.config import load_config
+    from g4bench.model.kv_cache import CacheLayout
+    from g4bench.model.params import WeightFormat
+    from harness.results import load_baseline
+
+    cfg, fmt = load_config("e2b"), WeightFormat(layers="w4a16", ple="bf16", embed="bf16")
+    df = load_baseline(PREFILL_CSV)
+    feats, y = [], np.array(df["prefill_ms"], float)
+    for r in df.itertuples():
+        layout = CacheLayout(max_len=int(r.cache_len), kv_dtype="bf16", ring=False)
+        feats.append(features_of(costs.prefill_cost(cfg, fmt, layout, int(r.bucket), int(r.bucket))))
+    arr = {n: np.array([f[n] for f in feats]) for n in FEATURES}
+    base = [decode.coef[n] for n in COEFFS]
+    i_att = COEFFS.index("attention_ms_per_tflop")
+
+    def fit(mask: np.ndarray) -> float:
+        def resid(th: np.ndarray) -> np.ndarray:
+            c = list(base)
+            c[i_att] = th[0]
+            return (predict_ms(c, decode.overlap_p, _sub(arr, mask)) - y[mask]) / y[mask]
+
+        return float(least_squares(resid, [base[i_att]], bounds=(0.0, np.inf)).x[0])
+
+    def pred(att: float, mask: np.ndarray) -> np.ndarray:
+        c = list(base)
+        c[i_att] = att
+        return predict_ms(c, decode.overlap_p, _sub(arr, mask))
+
+    att = fit(np.ones(len(y), bool))
+    err = (pred(att, np.ones(len(y), bool)) - y) / y * 100
+    loo = []
+    for i in range(len(y)):
+        m = np.ones(len(y), bool)
+        m[i] = False
+        loo.append((pred(fit(m), ~m)[0] - y[i]) / y[i] * 100)
+    v = {"n_fit": len(y), **_stats("fit", err), **_stats("loo", np.array(loo)),
+         "refitted": "attention_ms_per_tflop only; other coefficients and p from [decode]"}  # fmt: skip
+    model = StepModel({**decode.coef, "attention_ms_per_tflop": att}, decode.overlap_p, v)
+    rows = [{"label": f"prefill/B1/S{int(r.bucket)}", "role": "fit", "source": str(r.source),
+             "measured_ms": float(r.prefill_ms), "predicted_ms": float(p), "error_pct": float(e)}
+            for r, p, e in zip(df.itertuples(), pred(att, np.ones(len(y), bool)), err, strict=True)]  # fmt: skip
+    return model, rows
 
 
 # ------------------------------------------------------------------------------------------ files
@@ -300,19 +368,31 @@ def run_calibrate(run_dirs: list[Path], holdout_dirs: list[Path], *, reference: 
 
     prov.update({"fitted_with": f"g4bench calibrate (numpy {np.__version__}, scipy {version('scipy')})",
                  "model_form": "harness/steptime.py", "fit_points": len(fit), "holdout_points": len(hold)})  # fmt: skip
-    console.print(f"fitting {len(fit)} points ({len(hold)} held out) for {dev} …")
-    model = fit_model(fit, hold)
-    profile = Profile(dev, engine, {"decode": model}, prov)
-    rows = point_rows(model, fit + hold + extra)
-    path = write_profile(out or PROFILE_DIR / f"{dev}.toml", profile, {"decode": rows})
-    print_profile(profile, rows, console)
+    models: dict[str, StepModel] = {}
+    rows_by: dict[str, list[dict[str, Any]]] = {}
+    for prog in sorted({p.program for p in fit}, key=lambda q: (q != "decode", q)):
+        f = [p for p in fit if p.program == prog]
+        h = [p for p in hold if p.program == prog]
+        console.print(f"fitting {len(f)} {prog} points ({len(h)} held out) for {dev} …")
+        models[prog] = fit_model(f, h)
+        rows_by[prog] = point_rows(models[prog], f + h + [p for p in extra if p.program == prog])
+    if reference and "prefill" not in models:
+        models["prefill"], rows_by["prefill"] = reference_prefill_model(models["decode"])
+        prov["prefill_data"] = f"configs/baselines/{PREFILL_CSV}.csv"
+    profile = Profile(dev, engine, models, prov)
+    path = write_profile(out or PROFILE_DIR / f"{dev}.toml", profile, rows_by)
+    rows = [r for prog in models for r in rows_by[prog]]
+    for prog in models:
+        print_profile(profile, rows_by[prog], console, prog)
     return profile, path, rows
 
 
-def print_profile(profile: Profile, rows: list[dict[str, Any]], console: Any) -> None:
+def print_profile(
+    profile: Profile, rows: list[dict[str, Any]], console: Any, program: str = "decode"
+) -> None:
     from rich.table import Table
 
-    m = profile.programs["decode"]
+    m = profile.programs[program]
     r = m.rates()
     weights = (
         "absorbed into the constant"
@@ -320,7 +400,7 @@ def print_profile(profile: Profile, rows: list[dict[str, Any]], console: Any) ->
         else f"{r['weights_gb_per_s']:.0f} GB/s"
     )
     console.print(
-        f"[bold]{profile.device} decode step model[/bold] (overlap p = {m.overlap_p:g}, chosen by LOO on the fit points): "
+        f"[bold]{profile.device} {program} step model[/bold] (overlap p = {m.overlap_p:g}, chosen by LOO on the fit points): "
         f"constant {m.coef['const_ms']:.2f} ms; KV + logits stream {r['kv_gb_per_s'] or 0:.0f} GB/s; "
         f"linears {r['linear_tflop_per_s'] or 0:.0f} TFLOP/s; attention {r['attention_tflop_per_s'] or 0:.1f} TFLOP/s; "
         f"weights stream {weights}",

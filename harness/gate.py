@@ -136,8 +136,17 @@ def compare_metric(
     b, c = _number(base, spec.field), _number(cur, spec.field)
     if b is None and c is None:
         return None
-    if b is None or c is None or b <= 0 or c <= 0:
-        raise GateError(f"{spec.kind} {base['name']!r}: {spec.field} missing or not positive ({b} vs {c})")
+    if b is None or c is None or b < 0 or c < 0:
+        raise GateError(f"{spec.kind} {base['name']!r}: {spec.field} missing or negative ({b} vs {c})")
+    if b == 0 or c == 0:
+        # a count-like metric can be 0 (no request met the SLO): no ratio, but a direction
+        if b == c:
+            status = "unchanged"
+        else:
+            worse = (c > b) if spec.direction == "lower" else (c < b)
+            status = "regression" if worse else "improved"
+        return GateRow(spec.kind, base["name"], spec.field, spec.direction, b, c, None, None, status,
+                       status == "regression")  # fmt: skip
     noises = [
         n / 100
         for n in (_number(base, spec.noise_pct_field), _number(cur, spec.noise_pct_field))

@@ -25,7 +25,7 @@ from pydantic.json_schema import SkipJsonSchema, models_json_schema
 
 from harness.results import SCHEMA_PATH
 
-Kind = Literal["revalidate", "ratio", "summary", "roofline", "capacity", "serve-load"]
+Kind = Literal["revalidate", "ratio", "summary", "roofline", "capacity", "serve-load", "engine-steps"]
 FailureKind = Literal["oom", "timeout", "crash", "no_result"]
 NonNeg = Annotated[float, Field(ge=0)]
 Pos = Annotated[float, Field(gt=0)]
@@ -316,6 +316,18 @@ class ServeLoadLevel(Record):
     request_goodput: NonNeg | None = None
 
 
+class EngineStep(Record):
+    """One engine call shape timed by `g4bench engine-steps` (harness/engine_steps.py): the served
+    engine's own prefill or decode call, the simulator's calibration input."""
+
+    kind: Literal["engine-steps"]
+    step_ms_median: NonNeg
+    step_ms_q1: NonNeg
+    step_ms_q3: NonNeg
+    step_ms_samples: list[NonNeg] = Field(min_length=1)
+    compile_s: NonNeg
+
+
 # (model, JSON Schema condition beyond its kind) — the first condition a record meets picks its model.
 _NOT_FAILED: dict[str, Any] = {"not": {"required": ["failure"]}}
 SELECTORS: tuple[tuple[type[Record], dict[str, Any]], ...] = (
@@ -334,6 +346,7 @@ SELECTORS: tuple[tuple[type[Record], dict[str, Any]], ...] = (
     (CapacityLatency, {"properties": {"record": {"const": "latency"}}, "required": ["record"]}),
     (CapacityAdmission, {"properties": {"record": {"const": "admission"}}, "required": ["record"]}),
     (ServeLoadLevel, {}),
+    (EngineStep, _NOT_FAILED),
 )
 NEVER_FAIL: tuple[str, ...] = ("ratio", "summary")  # derived records: computed, never measured
 

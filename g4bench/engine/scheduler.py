@@ -51,6 +51,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -138,8 +139,17 @@ class _Request:
 class Scheduler:
     """Owns an engine and its slots; see the module docstring for the loop."""
 
-    def __init__(self, engine, *, max_waiting: int = 64, copy_min: int = 16, warmup: bool = True) -> None:
+    def __init__(
+        self,
+        engine,
+        *,
+        max_waiting: int = 64,
+        copy_min: int = 16,
+        warmup: bool = True,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.engine = engine
+        self.clock = clock  # request times; the simulator passes a virtual clock (harness/sim)
         self.max_slots: int = engine.ecfg.max_slots
         self.max_len: int = engine.ecfg.max_len
         self.chunk_size: int = engine.ecfg.chunk_size
@@ -226,7 +236,7 @@ class Scheduler:
                 raise QueueFull(f"{len(self._waiting)} requests already waiting (limit {self.max_waiting})")
             rid = self._next_id
             self._next_id += 1
-            req = _Request(rid, list(prompt), params, sink, time.perf_counter(), frozenset(stop_ids))
+            req = _Request(rid, list(prompt), params, sink, self.clock(), frozenset(stop_ids))
             self._waiting.append(req)
             self._cv.notify_all()
         return rid
@@ -267,10 +277,7 @@ class Scheduler:
             self._ready.set()
             while self._wait_for_work():
                 self.heartbeat = time.monotonic()
-                self._apply_cancels()
-                self._admit()
-                self._decode_step()
-                self._prefill_step()
+                self.step()
         except BaseException as exc:  # a scheduler bug (or SystemExit in the engine): fail loudly
             log.exception("g4bench engine loop died; every request fails until restart")
             self._error = exc
@@ -279,6 +286,15 @@ class Scheduler:
             self._fail_everything("engine loop died" if self._error else "server shutting down")
         except Exception:
             log.exception("failing the remaining requests failed")
+
+    def step(self) -> None:
+        """One loop turn: cancellations, admission, one decode step, at most one prefill chunk.
+        The engine thread calls it; the simulator (harness/sim) calls it directly, without the
+        thread, to drive this exact loop on a virtual clock."""
+        self._apply_cancels()
+        self._admit()
+        self._decode_step()
+        self._prefill_step()
 
     def _wait_for_work(self) -> bool:
         with self._cv:
@@ -316,7 +332,7 @@ class Scheduler:
                 self._waiting.popleft()
             table.acquire(plan, req.id)
             req.slot, req.prefilled, req.reused = plan.slot, plan.reuse, plan.reuse
-            req.admitted = time.perf_counter()
+            req.admitted = self.clock()
             self._running[req.id] = req
             if plan.copy_from is not None:
                 try:
@@ -341,7 +357,7 @@ class Scheduler:
                 if slot is None:
                     return
                 req = self._waiting.popleft()
-            req.slot, req.admitted = slot, time.perf_counter()
+            req.slot, req.admitted = slot, self.clock()
             self._running[req.id] = req
             self._prefilling.append(req)
 
@@ -371,7 +387,7 @@ class Scheduler:
             return
         self.steps += 1
         self._notify("on_step", len(batch), self.max_slots)
-        now = time.perf_counter()
+        now = self.clock()
         for r in batch:
             assert r.slot is not None and r.next_token is not None
             self.table.extend(r.slot, [r.next_token])
@@ -410,7 +426,7 @@ class Scheduler:
         req.prefilled += len(chunk)
         if last:
             self._prefilling.popleft()
-            self._deliver(req, int(tok), time.perf_counter())
+            self._deliver(req, int(tok), self.clock())
 
     def _deliver(self, req: _Request, token: int, now: float) -> None:
         """Hand one sampled token to the request and decide whether it ends there."""

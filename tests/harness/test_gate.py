@@ -200,3 +200,21 @@ def test_record_level_metric_directions():
     assert gate_records([rec(100.0)], [rec(130.0)]).regressions
     assert not gate_records([rec(100.0)], [rec(80.0)]).regressions
     assert MetricSpec("serve-load", "x", "lower").direction == "lower"
+
+
+def test_zero_goodput_has_a_direction_not_a_ratio():
+    """A CPU run against accelerator SLOs can have goodput 0: 0 vs 0 is unchanged, a fall to 0 is a
+    regression, a rise from 0 an improvement (no ratio is formed), and a negative value is unusable."""
+    hints = {"request_goodput": {"direction": "higher"}}
+
+    def rec(goodput):
+        return make_record("serve-load", "fixed-c8", run_id="r", env=ENV, config={"c": 8},
+                           request_goodput=goodput, gate_metrics=hints)  # fmt: skip
+
+    same = gate_records([rec(0.0)], [rec(0.0)])
+    assert not same.regressions and [r.status for r in same.rows] == ["unchanged"]
+    assert gate_records([rec(1.5)], [rec(0.0)]).regressions
+    up = gate_records([rec(0.0)], [rec(1.5)])
+    assert not up.regressions and up.rows[0].status == "improved" and up.rows[0].ratio is None
+    with pytest.raises(GateError, match="negative"):
+        gate_records([rec(-1.0)], [rec(1.0)])

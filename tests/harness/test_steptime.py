@@ -120,3 +120,18 @@ def test_calibrate_from_run_folders_with_holdout(tmp_path, v6e):
     back = load_profile(out)
     assert back.provenance["runs"] == [str(r) for r in runs] and back.provenance["git_rev"] == "abc"
     assert {r["role"] for r in rows} == {"fit", "holdout"}
+
+
+def test_v6e_prefill_refits_only_the_attention_rate():
+    """The reference's one-shot prefill (three sizes) refits the decode model's attention FLOP rate:
+    prefill attention (S query rows) runs faster than decode's (8 rows); the rest is decode's."""
+    from harness.calibrate import reference_prefill_model
+
+    dec = load_profile("tpu-v6e").model("decode")
+    pre, rows = reference_prefill_model(dec)
+    assert pre.coef["attention_ms_per_tflop"] < dec.coef["attention_ms_per_tflop"]
+    assert {k: v for k, v in pre.coef.items() if k != "attention_ms_per_tflop"} == {
+        k: v for k, v in dec.coef.items() if k != "attention_ms_per_tflop"
+    }
+    assert pre.validation["n_fit"] == len(rows) == 3 and pre.error_band_pct is not None
+    assert load_profile("tpu-v6e").model("prefill").coef == pytest.approx(pre.coef)

@@ -1,0 +1,239 @@
+"""What `g4bench plan` runs: targets and profiles resolved once, then validation or fleet sizing.
+
+    target  = resolve_target("tpu-v6e")         Target(hardware, profile, model, weight format, limit)
+    pricer_for(shape)                            a StepPricer for that server shape (pricing.py)
+    run_validate(run_dirs, target, out, console) predicted ÷ measured tables (validate.py)
+    run_fleet(target, workload, slo, knobs, agents, out, console)   sizing per knob (fleet.py)
+
+Targets: "local" (this host: the CPU profile fitted from `g4bench engine-steps`, the small model,
+f32 layers as the CPU engine serves them, host memory as the limit) and accelerator ids
+(tpu-v5e, tpu-v6e, h200 → configs/hardware/nvidia-h200.toml: E2B, W4A16 layers, usable HBM as the
+limit, the profile configs/profiles/<id>.toml when there is one, else the hardware roofline).
+Every assumption the numbers rest on is collected in `Target.assumptions` and printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.sim.fleet import Knobs, Sizing, costs_of, memory_ceiling, size_one
+from harness.sim.simulate import ServerShape
+
+ALIASES = {"h200": "nvidia-h200", "local": "cpu"}
+LOCAL_PROFILE = "cpu-2core-engine"
+
+
+@dataclass
+class Target:
+    id: str
+    hardware: Any
+    profile: Any  # harness.steptime.Profile | None
+    model: str
+    fmt: Any  # WeightFormat
+    limit_bytes: int
+    usd_per_hour: float | None
+    assumptions: list[str] = field(default_factory=list)
+
+    def pricer_for(self, shape: ServerShape) -> Any:
+        from g4bench.model.config import load_config
+        from harness.sim.pricing import StepPricer
+
+        return StepPricer.for_engine(self.profile, load_config(shape.model), self.fmt, shape.engine_config(),
+                                     self.hardware)  # fmt: skip
+
+
+def _band(profile: Any) -> str:
+    parts = []
+    for prog, m in profile.programs.items():
+        v = m.validation
+        band = m.error_band_pct
+        held = (
+            f"held-out max {v['holdout_max_abs_pct']:.0f}%"
+            if "holdout_max_abs_pct" in v
+            else f"LOO max {v.get('loo_max_abs_pct', float('nan')):.0f}%"
+        )
+        parts.append(
+            f"{prog}: ±{band:.0f}% ({held}, {v.get('n_fit')} fit points)"
+            if band is not None
+            else f"{prog}: unvalidated"
+        )
+    return "; ".join(parts)
+
+
+def resolve_target(target: str, profile: str | None = None, model: str | None = None) -> Target:
+    """Hardware, profile, model and weight format for `target` (see the module docstring)."""
+    from g4bench.model.params import WeightFormat
+    from harness.calibrate import load_profile
+    from harness.hardware import load_hardware
+
+    hw_id = ALIASES.get(target, target)
+    hw = load_hardware(hw_id)
+    local = hw_id == "cpu"
+    prof = load_profile(profile or (LOCAL_PROFILE if local else hw_id))
+    if profile and prof is None:
+        raise FileNotFoundError(f"no profile {profile!r} (a path or configs/profiles/<id>.toml)")
+    if local:
+        from g4bench.engine.loading import default_format
+        from g4bench.model.config import load_config
+
+        mdl = model or "small"
+        fmt = default_format(load_config(mdl))
+        limit = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        limit_src = "host physical memory"
+    else:
+        mdl = model or "e2b"
+        fmt = WeightFormat(layers="w4a16", ple="bf16", embed="bf16")
+        usable = hw.value("usable_hbm_bytes")
+        limit = int(usable or hw.value("hbm_bytes") or 0)
+        limit_src = "usable HBM" if usable else "HBM"
+    usd = hw.value("usd_per_hour")
+    price = f"${usd:.2f}/hour" if usd else "unknown"
+    t = Target(target, hw, prof, mdl, fmt, limit, usd)
+    t.assumptions += [
+        f"hardware: {hw.name} ({hw_id}); memory limit {limit / 2**30:.2f} GiB ({limit_src}); price {price}",
+        f"model {mdl}, weights layers={fmt.layers} ple={fmt.ple} embed={fmt.embed} (synthetic shapes as served)",
+    ]
+    if prof is None:
+        t.assumptions.append("step times: hardware roofline (no profile): a lower bound, not a prediction")
+    else:
+        pv = prof.provenance
+        t.assumptions.append(
+            f"profile {prof.device} ({prof.engine}); fitted from {', '.join(map(str, pv.get('runs', [])))}; "
+            f"error band {_band(prof)}"
+        )
+        if prof.model("prefill") is None:
+            t.assumptions.append(
+                "prefill: no prefill fit in this profile; prefill calls are priced with the decode model's fitted "
+                "rates on prefill bytes/FLOPs (costs.prefill_cost); TTFT carries that extra, unvalidated error"
+            )
+    return t
+
+
+def run_fleet(target: Target, workload: Any, slo: Any, knobs: list[Knobs], agents: int, overhead: tuple[int, str] | None,
+              console: Any) -> list[tuple[Sizing, dict[str, Any]]]:  # fmt: skip
+    """Size every knob setting; print the assumptions and the table; return (sizing, costs) rows."""
+    from g4bench.model.config import load_config
+    from g4bench.model.params import param_bytes
+    from harness.load.defaults import server_max_len
+    from harness.sim.fleet import agents_runner
+
+    ctx = workload.max_context
+    max_len = server_max_len(ctx)
+    if overhead is None:
+        overhead = (
+            param_bytes(load_config(target.model), target.fmt),
+            "weights only (no capacity run given)",
+        )
+    run = agents_runner(workload, slo, target.pricer_for)
+    out = []
+    for k in knobs:
+        ceiling = memory_ceiling(target.model, k, max_len, target.limit_bytes, overhead[0])
+        sizing = size_one(k, workload, slo, target.model, ceiling, overhead[1], run, max_len)
+        out.append((sizing, costs_of(sizing, target.usd_per_hour, agents)))
+    target.assumptions += [
+        f"workload {workload.kind}: {workload.turns_per_task} turns, first prompt {workload.input_len}, output "
+        f"{workload.output_len}, tool result {workload.tool_result_tokens}, shared prefix {workload.prefix_len} → "
+        f"context up to {ctx} (server max_len {max_len}); one task per agent, closed loop",
+        f"SLO {slo.describe()}; an agent count passes when task SLO attainment ≥ {slo.attainment_target:g}",
+        f"memory ceiling: admission arithmetic (harness/admission.py), overhead {overhead[0] / 2**30:.2f} GiB from {overhead[1]}; "
+        "block rounding and the cached-window reserve not counted",
+        "engine: paged KV, chunk 256, the real Scheduler (continuous batching, chunked prefill, prefix reuse); "
+        "HTTP and client overheads not modelled",
+    ]
+    return out
+
+
+def print_fleet(rows: list[tuple[Sizing, dict[str, Any]]], target: Target, agents: int, console: Any) -> None:
+    from rich.table import Table
+
+    for line in target.assumptions:
+        console.print(f"  assumption: {line}", soft_wrap=True)
+    t = Table(title=f"plan · {target.id} · {agents} agents", title_justify="left")
+    for col in ("knobs", "mem ceiling", "agents/chip", "chips", "TPOT p50", "TPOT p99", "TTFT p50", "tok/s/chip",
+                "$/M out tok", "$/agent-h", "binding"):  # fmt: skip
+        t.add_column(col, justify="left" if col in ("knobs", "binding") else "right")
+    for s, c in rows:
+        top = s.at_ceiling.summary if s.at_ceiling else {}
+
+        def f(v: Any, nd: int = 1) -> str:
+            return "—" if v is None else f"{v:.{nd}f}"
+
+        t.add_row(s.knobs.label, str(s.memory_ceiling), str(s.agents_per_chip), str(c["chips"] or "—"),
+                  f(top.get("median_tpot_ms")), f(top.get("p99_tpot_ms")), f(top.get("median_ttft_ms")),
+                  f(c["output_tok_per_s_per_chip"], 0), f(c["usd_per_m_output_tokens"], 3), f(c["usd_per_agent_hour"], 4),
+                  s.binding)  # fmt: skip
+    console.print(t)
+
+
+def fleet_json(rows: list[tuple[Sizing, dict[str, Any]]], target: Target, agents: int) -> dict[str, Any]:
+    settings: list[dict[str, Any]] = []
+    out = {"target": target.id, "agents": agents, "assumptions": target.assumptions, "settings": settings}
+    for s, c in rows:
+        settings.append({
+            "knobs": s.knobs.label, "kv_dtype": s.knobs.kv_dtype, "sliding_kv": s.knobs.sliding_kv,
+            "max_slots": s.knobs.max_slots, "memory_ceiling": s.memory_ceiling, "agents_per_chip": s.agents_per_chip,
+            "binding": s.binding, **c,
+            "probes": [{"agents": p.agents, "attainment": p.attainment,
+                        **{k: p.summary.get(k) for k in ("median_tpot_ms", "p99_tpot_ms", "median_ttft_ms",
+                                                         "p99_ttft_ms", "output_throughput")}} for p in s.probes],
+        })  # fmt: skip
+    return out
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+    return path
+
+
+def run_validate(run_dirs: list[Path], target: Target, out: Path, console: Any) -> list[dict[str, Any]]:
+    """Re-simulate each measured run (validate.py); print predicted ÷ measured per metric and
+    concurrency, and the headline over every run's TTFT / TPOT / E2E p50 cells."""
+    from harness.sim.validate import headline, validate
+
+    for line in target.assumptions:
+        console.print(f"  assumption: {line}", soft_wrap=True)
+    docs = [validate(Path(d), target.pricer_for, out / f"sim-{Path(d).name}") for d in run_dirs]
+    for doc in docs:
+        print_validation(doc, console)
+    overall = headline([r for d in docs for r in d["rows"]])
+    if overall["cells"]:
+        console.print(
+            f"  [bold]all runs: median |error| {overall['median_abs_error_pct']:.1f}%, max "
+            f"{overall['max_abs_error_pct']:.1f}% over {overall['cells']} TTFT/TPOT/E2E p50 cells[/bold]"
+        )
+    write_json(out / "validation.json", {"runs": [{k: d[k] for k in ("run_dir", "workload", "rows", "headline",
+               "pricing", "error_band_pct")} for d in docs], "headline": overall, "assumptions": target.assumptions})  # fmt: skip
+    return docs
+
+
+def print_validation(doc: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    from harness.sim.validate import METRICS
+
+    levels = sorted({r["concurrency"] for r in doc["rows"]})
+    t = Table(
+        title=f"plan --validate {doc['run_dir']} ({doc['workload']}): predicted ÷ measured",
+        title_justify="left",
+    )
+    t.add_column("metric", justify="left")
+    for c in levels:
+        t.add_column(f"c={c}", justify="right")
+    cell = {(r["metric"], r["concurrency"]): r for r in doc["rows"]}
+    for m in METRICS:
+        row = [m]
+        for c in levels:
+            r = cell.get((m, c))
+            row.append("—" if r is None else f"{r['ratio']:.2f} ({r['measured']:.0f}→{r['predicted']:.0f})")
+        t.add_row(*row)
+    console.print(t)
+    h = doc["headline"]
+    if h["cells"]:
+        console.print(
+            f"  p50 cells: median |error| {h['median_abs_error_pct']:.1f}%, max {h['max_abs_error_pct']:.1f}%"
+        )

@@ -1,0 +1,84 @@
+"""The simulator on hand-checkable prices: TTFT / TPOT / E2E follow from the priced calls exactly,
+agent turns reuse their history, open-loop arrivals are honoured, and the summary is serve-load's."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from harness.load.report import build_summary
+from harness.load.runner import LoadConfig
+from harness.load.workloads import WorkloadConfig
+from harness.sim.simulate import ServerShape, simulate
+
+PREFILL_S, DECODE_S = 0.100, 0.010
+
+
+def price(call):
+    return PREFILL_S if call.program == "prefill" else DECODE_S
+
+
+def shape(slots: int = 1, max_len: int = 128) -> ServerShape:
+    return ServerShape(model="tiny-a", max_slots=slots, max_len=max_len, kv_dtype="f32", sliding_kv="full",
+                       chunk_size=32)  # fmt: skip
+
+
+def run(kind: str = "fixed", conc=(1,), tasks: int = 2, slots: int = 1, rate: float = math.inf, **wl):
+    workload = WorkloadConfig(kind=kind, input_len=16, output_len=4, turns=3, tool_result_tokens=8, **wl)
+    cfg = LoadConfig(
+        base_url="simulated", workload=workload, concurrencies=list(conc), num_tasks=tasks, rate=rate
+    )
+    return simulate(cfg, shape(slots), price)
+
+
+def test_fixed_requests_back_to_back_match_hand_arithmetic():
+    result, engines = run()
+    a, b = result.levels[0].records
+    # one chunk of prefill samples token 1; three decode steps give tokens 2..4
+    assert a.chunk_times == pytest.approx([0.10, 0.11, 0.12, 0.13])
+    assert a.send_s == 0.0 and b.send_s == pytest.approx(0.13)  # closed loop: sent as the reply ends
+    assert b.chunk_times == pytest.approx(a.chunk_times)
+    assert result.levels[0].duration_s == pytest.approx(0.26)
+    s = build_summary(result, {"env": {}})["levels"][0]
+    assert s["median_ttft_ms"] == pytest.approx(100.0)
+    assert s["median_tpot_ms"] == pytest.approx(10.0)
+    assert s["median_e2el_ms"] == pytest.approx(130.0)
+    assert [c.program for c in engines[0].calls] == ["prefill", "decode", "decode", "decode"] * 2
+
+
+def test_two_streams_share_decode_steps_and_queue_prefills():
+    result, _ = run(conc=(2,), slots=2)
+    first, second = sorted(result.levels[0].records, key=lambda r: r.chunk_times[0])[:2]
+    # both sent at 0: the second prefill waits for the first (one chunk per loop turn), and the
+    # first stream's decode step runs before it
+    assert first.chunk_times[0] == pytest.approx(0.10)
+    assert second.chunk_times[0] == pytest.approx(0.10 + 0.01 + 0.10)
+
+
+def test_agent_turns_reuse_the_conversation():
+    result, _ = run(kind="agent", tasks=1)
+    turns = sorted(result.levels[0].records, key=lambda r: r.turn)
+    assert [r.turn for r in turns] == [0, 1, 2]
+    assert turns[0].cached_tokens == 0
+    for prev, cur in zip(turns, turns[1:], strict=False):
+        assert cur.prompt_tokens == prev.prompt_tokens + 4 + 8
+        # the previous prompt and all but the last reply token are resident; reuse is whole 16-token blocks
+        assert cur.cached_tokens == (prev.prompt_tokens + 3) // 16 * 16 > 0
+    s = build_summary(result, {"env": {}})
+    assert (
+        s["levels"][0]["task_slo_attainment"] is not None and s["capacity"]["basis"] == "task_slo_attainment"
+    )
+
+
+def test_open_loop_sends_at_arrival_times():
+    result, _ = run(conc=(4,), tasks=3, slots=4, rate=0.5)
+    sends = sorted(r.send_s for r in result.levels[0].records)
+    assert sends[0] == 0.0 and sends[1] > 0.5  # gamma gaps with mean 2 s (seeded)
+    assert all(r.queue_s == 0.0 for r in result.levels[0].records)  # never more than 4 in flight
+
+
+def test_chat_transport_is_refused():
+    cfg = LoadConfig(base_url="s", workload=WorkloadConfig(kind="fixed", api="chat"), concurrencies=[1])
+    with pytest.raises(ValueError, match="token-id"):
+        simulate(cfg, shape(), price)
