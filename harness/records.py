@@ -322,10 +322,10 @@ class EngineStep(Record):
 
     kind: Literal["engine-steps"]
     step_ms_median: NonNeg
-    step_ms_q1: NonNeg
-    step_ms_q3: NonNeg
-    step_ms_samples: list[NonNeg] = Field(min_length=1)
-    compile_s: NonNeg
+    step_ms_samples: list[NonNeg] | Omit = None
+    step_ms_q1: NonNeg | Omit = None
+    step_ms_q3: NonNeg | Omit = None
+    compile_s: NonNeg | Omit = None
 
 
 # (model, JSON Schema condition beyond its kind) — the first condition a record meets picks its model.
