@@ -119,6 +119,31 @@ def byte_vocab(vocab_size: int) -> GrammarVocab:
     return GrammarVocab(tok, vocab_size, plain)
 
 
+def piece_vocab(pieces: Sequence[bytes], eos_id: int, bos_id: int, special: Sequence[int]) -> GrammarVocab:
+    """A vocabulary given as one byte string per id (the synthetic models' tokenizer: ASCII ids,
+    Latin-1 letters, pseudo-syllables); `special` ids (pad/eos/bos) write no text. llguidance
+    tokenizes forced text greedily from single-byte pieces, so every byte a grammar needs must be a
+    piece of its own (true of the synthetic tokenizer's ASCII ids)."""
+    specials = set(special)
+    names = [b"\xff[special_%d]" % i if i in specials else bytes(t) for i, t in enumerate(pieces)]
+    by_byte = {t[0]: i for i, t in enumerate(names) if len(t) == 1}
+
+    class _Wrapper:  # what llguidance.TokenizerWrapper reads
+        eos_token_id = eos_id
+        bos_token_id = bos_id
+        special_token_ids = sorted(specials)
+
+        def __init__(self) -> None:
+            self.tokens = names
+
+        def __call__(self, text: bytes) -> list[int]:
+            return [by_byte[b] for b in text if b in by_byte]
+
+    tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Wrapper()))
+    plain = tuple(b"" if i in specials else bytes(t) for i, t in enumerate(pieces))
+    return GrammarVocab(tok, len(pieces), plain)
+
+
 def hf_vocab(tokenizer_json: str, eos_ids: Sequence[int], vocab_size: int | None = None) -> GrammarVocab:
     """A checkpoint's tokenizer.json (read by llguidance itself); `eos_ids` end a turn (EOS,
     ``<turn|>``, generation_config's ids); `vocab_size` pads to the model's logit width."""

@@ -30,6 +30,17 @@ and stop strings cannot be banned; they count only once more than `min_tokens` t
 The token that ends a request is never fed back, so a slot's recorded tokens are exactly those
 whose K/V the engine wrote, and a finished conversation stays resident for the next turn.
 
+Grammars and logprobs (`GenerationParams.constraint`, `.logprobs`). A decode batch in which no
+request has either runs the fused `engine.decode` (the sampler inside the step): such requests pay
+nothing. Otherwise the step is split: the constrained slots' matchers consume the tokens about to
+be fed and the `MaskPipeline` starts their next masks on its worker thread, `engine.decode_logits`
+is dispatched (asynchronously), the host waits for the masks, and `engine.sample_logits` applies
+them on the device; `engine.logprobs` reads back the log-probabilities requests asked for. A
+request's first token (sampled at the end of its prefill) is re-sampled from the prefill's logits
+under its first mask, computed synchronously; then its matcher joins the pipeline. A token the
+matcher refuses (a sampler bug) fails that request only. Prefix reuse and chunked prefill are
+untouched: the grammar only sees generated tokens.
+
 Failures: an exception from `prefill`/`copy_slot` or a sink fails that request; one from `decode`
 fails the requests in that step (their slots are wiped); the loop keeps running. Anything else
 (including a BaseException such as SystemExit raised inside the engine) is a scheduler bug: the
@@ -57,6 +68,9 @@ from typing import Protocol
 import numpy as np
 
 from g4bench.engine.block_cache import BlockCache
+from g4bench.engine.grammar import TokenConstraint, bitmask_words
+from g4bench.engine.logprobs import TokenLogprob
+from g4bench.engine.mask_pipeline import MaskPipeline
 from g4bench.engine.prefix_cache import SlotTable
 from g4bench.engine.sampling import SamplingParams
 
@@ -74,6 +88,9 @@ class GenerationParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: frozenset[int] | None = None  # None: the engine's eos_token_ids
+    # This request's grammar state (a fresh matcher per request; the scheduler advances it).
+    constraint: TokenConstraint | None = field(default=None, compare=False)
+    logprobs: int | None = None  # None: none; k >= 0: the chosen token's logprob and the top k
 
 
 @dataclass
@@ -95,8 +112,9 @@ class RequestResult:
 class RequestSink(Protocol):
     """Receives one request's tokens; called in the engine thread, so it must be quick."""
 
-    def on_token(self, token: int) -> bool:
-        """Take one sampled token; return True when a stop string has just been completed."""
+    def on_token(self, token: int, logprob: TokenLogprob | None = None) -> bool:
+        """Take one sampled token (with its logprob row when the request asked for logprobs);
+        return True when a stop string has just been completed."""
         ...
 
     def on_finish(self, result: RequestResult) -> None: ...
@@ -161,6 +179,7 @@ class Scheduler:
             )
         else:
             self.table = SlotTable(self.max_slots, copy_min=copy_min)
+        self.masks: MaskPipeline | None = None  # created with the first constrained request
         self.observers: list[SchedulerObserver] = []
         self.warmup_s: float | None = None
         self.steps = 0
@@ -275,6 +294,8 @@ class Scheduler:
             log.exception("g4bench engine loop died; every request fails until restart")
             self._error = exc
             self._ready.set()  # wake wait_ready(); `ready` stays False because the loop is dead
+        if self.masks is not None:
+            self.masks.close()
         try:
             self._fail_everything("engine loop died" if self._error else "server shutting down")
         except Exception:
@@ -347,6 +368,9 @@ class Scheduler:
 
     def _decode_step(self) -> None:
         batch = [r for r in self._running.values() if r.next_token is not None]
+        split = any(r.params.constraint is not None or r.params.logprobs is not None for r in batch)
+        if split:
+            batch = self._advance_constraints(batch)
         if not batch:
             return
         tokens = np.zeros(self.max_slots, np.int32)
@@ -357,13 +381,17 @@ class Scheduler:
             tokens[r.slot] = r.next_token
             positions[r.slot] = len(self.table.slots[r.slot].tokens)
             active[r.slot] = True
+        rows: dict[int, TokenLogprob] = {}
         try:
             if self.paged:
                 assert isinstance(self.table, BlockCache)
                 for r in batch:
                     assert r.slot is not None
                     self.table.prepare(r.slot, int(positions[r.slot]), 1)
-            out = np.asarray(self.engine.decode(tokens, positions, active))
+            if split:
+                out, rows = self._split_decode(batch, tokens, positions, active)
+            else:
+                out = np.asarray(self.engine.decode(tokens, positions, active))
         except Exception as exc:
             log.exception("decode step failed; failing its %d requests", len(batch))
             for r in batch:
@@ -376,7 +404,69 @@ class Scheduler:
             assert r.slot is not None and r.next_token is not None
             self.table.extend(r.slot, [r.next_token])
             r.next_token = None
-            self._deliver(r, int(out[r.slot]), now)
+            self._deliver(r, int(out[r.slot]), now, rows.get(r.slot))
+
+    def _advance_constraints(self, batch: list[_Request]) -> list[_Request]:
+        """Constrained requests' matchers consume the token about to be fed; a refused token fails
+        its request (returns the batch without it)."""
+        kept = []
+        for r in batch:
+            if r.params.constraint is not None:
+                assert r.next_token is not None
+                try:
+                    r.params.constraint.advance(r.next_token)
+                except Exception as exc:
+                    log.exception("grammar refused token %d of request %d", r.next_token, r.id)
+                    self._finish(r, "error", error=f"grammar violation: {exc}")
+                    continue
+            kept.append(r)
+        return kept
+
+    def _split_decode(
+        self, batch: list[_Request], tokens: np.ndarray, positions: np.ndarray, active: np.ndarray
+    ) -> tuple[np.ndarray, dict[int, TokenLogprob]]:
+        """Forward, masks computed meanwhile on the host, masked sampling, logprobs (see above)."""
+        masks = self.masks if self.masks is not None and self.masks.active else None
+        if masks is not None:
+            masks.submit()
+        try:
+            logits = self.engine.decode_logits(tokens, positions, active)
+        finally:
+            bitmask = masks.wait() if masks is not None else None
+        out = self.engine.sample_logits(logits, positions, np.arange(self.max_slots), bitmask)
+        return out, self._logprob_rows(batch, logits, out, lambda r: r.slot)
+
+    def _logprob_rows(self, reqs, logits, chosen: np.ndarray, row_of) -> dict[int, TokenLogprob]:
+        """{slot: TokenLogprob} for the requests of `reqs` that asked for logprobs; `row_of(r)` is
+        the request's row in `logits`."""
+        wanted = [r for r in reqs if r.params.logprobs is not None]
+        if not wanted:
+            return {}
+        k = max(r.params.logprobs for r in wanted)
+        picked, top_ids, top_lps = self.engine.logprobs(logits, chosen, k)
+        rows = {}
+        for r in wanted:
+            i, n = row_of(r), r.params.logprobs
+            top = tuple((int(t), float(lp)) for t, lp in zip(top_ids[i][:n], top_lps[i][:n], strict=True))
+            rows[r.slot] = TokenLogprob(int(chosen[i]), float(picked[i]), top)
+        return rows
+
+    def _first_token(self, req: _Request, token: int, position: int) -> tuple[int, TokenLogprob | None]:
+        """A constrained / logprobs request's first token: re-sampled from the prefill's logits under
+        its first mask; its matcher then joins the mask pipeline."""
+        p = req.params
+        assert req.slot is not None
+        logits = self.engine.last_logits
+        bitmask = None
+        if p.constraint is not None:
+            bitmask = np.empty((1, bitmask_words(self.vocab_size)), np.int32)
+            p.constraint.fill_bitmask(bitmask[0])
+            token = int(self.engine.sample_logits(logits, np.array([position]), np.array([req.slot]), bitmask)[0])
+            if self.masks is None:
+                self.masks = MaskPipeline(self.max_slots, self.vocab_size)
+            self.masks.attach(req.slot, p.constraint)
+        rows = self._logprob_rows([req], logits, np.array([token]), lambda r: 0)
+        return token, rows.get(req.slot)
 
     def _prefill_step(self) -> None:
         if not self._prefilling:
@@ -402,6 +492,9 @@ class Scheduler:
                 assert isinstance(self.table, BlockCache)
                 self.table.prepare(req.slot, req.prefilled, len(chunk))
             tok = self.engine.prefill(req.slot, chunk, req.prefilled, sampling)
+            row = None
+            if last and (req.params.constraint is not None or req.params.logprobs is not None):
+                tok, row = self._first_token(req, int(tok), req.prefilled + len(chunk) - 1)
         except Exception as exc:
             log.exception("prefill failed for request %d", req.id)
             self._finish(req, "error", error=f"prefill failed: {exc}", keep=False)
@@ -410,14 +503,14 @@ class Scheduler:
         req.prefilled += len(chunk)
         if last:
             self._prefilling.popleft()
-            self._deliver(req, int(tok), time.perf_counter())
+            self._deliver(req, int(tok), time.perf_counter(), row)
 
-    def _deliver(self, req: _Request, token: int, now: float) -> None:
+    def _deliver(self, req: _Request, token: int, now: float, row: TokenLogprob | None = None) -> None:
         """Hand one sampled token to the request and decide whether it ends there."""
         req.output.append(token)
         req.times.append(now - req.submitted)
         try:
-            stop_string = req.sink.on_token(token)
+            stop_string = req.sink.on_token(token) if row is None else req.sink.on_token(token, row)
         except Exception as exc:
             log.exception("sink of request %d failed", req.id)
             self._finish(req, "error", error=f"output handling failed: {exc}")
@@ -446,6 +539,8 @@ class Scheduler:
             if req in self._prefilling:
                 self._prefilling.remove(req)
             self.table.release(req.slot, keep=keep)
+            if self.masks is not None and self.masks.matcher(req.slot) is req.params.constraint:
+                self.masks.detach(req.slot)
         result = RequestResult(
             request_id=req.id,
             finish_reason=reason,
