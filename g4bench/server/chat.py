@@ -63,13 +63,22 @@ class ChatFormatter:
             stop_ids |= set(tokenizer.generation_eos_ids)
         self.stop_token_ids = frozenset(i for i in stop_ids if i is not None)
 
-    def render(self, messages: Sequence[dict]) -> str:
+    def render(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> str:
+        """The prompt text; `tools` (OpenAI tool dicts) and messages' tool fields go to the
+        checkpoint's template, or for synthetic models to the Gemma-4-shaped one (chat_tools.py)."""
         if self._template is None:
+            # A tool message with no assistant tool_calls before it keeps the plain layout (a
+            # `tool` turn), as before tools were supported.
+            if tools or any(m.get("tool_calls") for m in messages):
+                from g4bench.server.chat_tools import render_tools_prompt  # it imports this module
+
+                return render_tools_prompt(messages, tools)
             return render_synthetic_template(messages)
         tok = self.tokenizer
         try:
             return self._template.render(
                 messages=list(messages),
+                tools=list(tools) if tools else None,
                 add_generation_prompt=True,
                 bos_token=getattr(tok, "bos_token", ""),
                 eos_token=getattr(tok, "eos_token", ""),
@@ -79,8 +88,8 @@ class ChatFormatter:
         except Exception as exc:  # jinja raises many types; the client's conversation caused it
             raise TemplateError(f"chat template failed: {exc}") from exc
 
-    def encode(self, messages: Sequence[dict]) -> list[int]:
-        return self.tokenizer.encode(self.render(messages), add_bos=True)
+    def encode(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> list[int]:
+        return self.tokenizer.encode(self.render(messages, tools), add_bos=True)
 
 
 def _raise(message: str) -> None:
