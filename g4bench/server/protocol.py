@@ -32,7 +32,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
-from g4bench.server.agent_fields import ChatAgentFields, CompletionLogprobsField, MessageToolFields
+from g4bench.server.agent_fields import (
+    ChatAgentFields,
+    CompletionLogprobsField,
+    MessageToolFields,
+    ResponseFormat,
+)
 
 # A field that is left out of the JSON while it is None (extensions, deltas, usage in chunks).
 _OMIT_NONE: Any = Field(default=None, exclude_if=lambda v: v is None)
@@ -169,6 +174,7 @@ class ChatCompletionRequest(SamplingFields, ChatAgentFields):
 class CompletionRequest(SamplingFields, CompletionLogprobsField):
     # Text, a list of token ids, or a list holding exactly one string (or one id list).
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
+    response_format: ResponseFormat | None = None  # as chat's (vLLM accepts it on completions too)
 
     @field_validator("prompt")
     @classmethod

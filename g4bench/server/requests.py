@@ -161,8 +161,10 @@ class Preparer:
             k = (body.top_logprobs or 0) if body.logprobs else None
             request = body.grammar_request()
         else:
-            k = getattr(body, "logprobs", None)
-            request = {}
+            assert isinstance(body, p.CompletionRequest)
+            k = body.logprobs
+            fmt = body.response_format
+            request = {"response_format": None if fmt is None else fmt.model_dump(by_alias=True, exclude_none=True)}
         if (uses_tools or k is not None) and not self.vocab.synthetic:
             try:
                 self.vocab.grammar()
@@ -177,6 +179,9 @@ class Preparer:
                 constraint = None if grammar is None else vocab.matcher(grammar)
             except (GrammarError, AgentVocabError) as exc:
                 raise APIError(400, str(exc), param=param) from exc
+            if constraint is not None and (params.ignore_eos or params.min_tokens):
+                # the grammar ends the reply with EOS; banning or ignoring it has no valid continuation
+                raise APIError(400, f"{param} cannot be combined with ignore_eos or min_tokens", param=param)
         return replace(params, constraint=constraint, logprobs=k)
 
     def _check_size(self, data: dict, param: str) -> None:
