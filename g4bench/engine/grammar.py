@@ -95,7 +95,7 @@ class GrammarVocab:
 def byte_vocab(vocab_size: int) -> GrammarVocab:
     """A byte vocabulary: ids 3..258 are bytes, 0-2 and >= 259 never match text. (The synthetic
     models' tokenizer, g4bench/server/synthetic_tokenizer.py, shares ids 3..130 with it but gives
-    text to every id; a vocabulary built from its pieces is part of the server integration.)"""
+    text to every id; `piece_vocab` builds the server's vocabulary from its pieces.)"""
     if vocab_size < 256 + BYTE_OFFSET:
         raise ValueError(f"a byte vocabulary needs vocab_size >= 259, got {vocab_size}")
     names = [b"\xff[pad]", b"\xff[eos]", b"\xff[bos]"]
