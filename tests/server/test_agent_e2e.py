@@ -136,8 +136,9 @@ def test_strict_schema_the_grammar_cannot_enforce_is_a_400(server):
 
 def tool_case(client, i: int, stream: bool, named: bool) -> None:
     choice = {"type": "function", "function": {"name": "add"}} if named else "required"
+    parallel = i % 3 == 0  # one or more calls: a sampled model may go on calling until max_tokens
     kw = dict(model=MODEL, tools=TOOLS, tool_choice=choice, max_tokens=200, temperature=1.0, seed=i,
-              messages=[{"role": "user", "content": f"Task {i}: use a tool."}])  # fmt: skip
+              parallel_tool_calls=parallel, messages=[{"role": "user", "content": f"Task {i}: use a tool."}])  # fmt: skip
     if stream:
         calls: dict[int, dict] = {}
         reason = None
@@ -153,7 +154,8 @@ def tool_case(client, i: int, stream: bool, named: bool) -> None:
         resp = client.chat.completions.create(**kw)
         reason = resp.choices[0].finish_reason
         found = [{"name": t.function.name, "arguments": t.function.arguments} for t in resp.choices[0].message.tool_calls or []]  # fmt: skip
-    assert found and reason == "tool_calls", (i, found, reason)
+    assert found and (reason == "tool_calls" or (parallel and reason == "length")), (i, found, reason)
+    assert parallel or len(found) == 1
     for call in found:
         assert not named or call["name"] == "add"
         jsonschema.validate(json.loads(call["arguments"]), PARAMS[call["name"]])
