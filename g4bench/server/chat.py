@@ -22,6 +22,7 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 
+from g4bench.server.chat_tools import TemplateError, render_tools_prompt
 from g4bench.server.synthetic_tokenizer import SyntheticTokenizer
 from g4bench.server.tokenizer import HFTokenizer, Tokenizer
 
@@ -33,10 +34,6 @@ TEMPLATE_ROLES = {
     "assistant": "model",
     "tool": "tool",
 }
-
-
-class TemplateError(ValueError):
-    """The chat template rejected the conversation (e.g. roles that do not alternate)."""
 
 
 def render_synthetic_template(messages: Sequence[dict]) -> str:
@@ -70,8 +67,6 @@ class ChatFormatter:
             # A tool message with no assistant tool_calls before it keeps the plain layout (a
             # `tool` turn), as before tools were supported.
             if tools or any(m.get("tool_calls") for m in messages):
-                from g4bench.server.chat_tools import render_tools_prompt  # it imports this module
-
                 return render_tools_prompt(messages, tools)
             return render_synthetic_template(messages)
         tok = self.tokenizer

@@ -25,7 +25,10 @@ from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
-from g4bench.server.chat import TemplateError
+
+class TemplateError(ValueError):
+    """The chat template rejected the conversation (e.g. roles that do not alternate)."""
+
 
 TEMPLATE = Path(__file__).parent / "templates" / "gemma4_tools.jinja"
 STRING_DELIM = '<|"|>'
