@@ -91,7 +91,7 @@ def run_constraint_cost(s: CostSettings, log: Callable[[str], None] = lambda m: 
 
     def batch(conc: int, constrained: bool, round_: int) -> tuple[list[float], float, float, int]:
         sinks = []
-        masks = sched.masks
+        masks = sched.agent.masks
         fill0, wait0, fills0 = (masks.fill_s, masks.wait_s, masks.fills) if masks else (0.0, 0.0, 0)
         for i in range(conc):
             prompt = tok.encode("".join(random.Random(1000 * round_ + i).choice(letters) for _ in range(s.prompt_len)), add_bos=True)
@@ -105,7 +105,7 @@ def run_constraint_cost(s: CostSettings, log: Callable[[str], None] = lambda m: 
         results = [k.result for k in sinks]
         if any(r is None or r.finish_reason != "length" or len(r.output_ids) != s.max_tokens for r in results):
             raise RuntimeError(f"a request did not run {s.max_tokens} tokens: {[r and r.finish_reason for r in results]}")
-        masks = sched.masks
+        masks = sched.agent.masks
         if masks is None:
             return [_tpot_ms(r) for r in results if r], 0.0, 0.0, 0
         return ([_tpot_ms(r) for r in results if r], masks.fill_s - fill0, masks.wait_s - wait0, masks.fills - fills0)

@@ -32,14 +32,11 @@ whose K/V the engine wrote, and a finished conversation stays resident for the n
 
 Grammars and logprobs (`GenerationParams.constraint`, `.logprobs`). A decode batch in which no
 request has either runs the fused `engine.decode` (the sampler inside the step): such requests pay
-nothing. Otherwise the step is split: the constrained slots' matchers consume the tokens about to
-be fed and the `MaskPipeline` starts their next masks on its worker thread, `engine.decode_logits`
-is dispatched (asynchronously), the host waits for the masks, and `engine.sample_logits` applies
-them on the device; `engine.logprobs` reads back the log-probabilities requests asked for. A
-request's first token (sampled at the end of its prefill) is re-sampled from the prefill's logits
-under its first mask, computed synchronously; then its matcher joins the pipeline. A token the
-matcher refuses (a sampler bug) fails that request only. Prefix reuse and chunked prefill are
-untouched: the grammar only sees generated tokens.
+nothing. Otherwise the constrained slots' matchers consume the tokens about to be fed (a token a
+matcher refuses, a sampler bug, fails that request only) and `AgentStep` (agent_step.py) runs the
+split step: masks on a worker thread while the forward runs, masked sampling, logprob rows. A
+request's first token is re-sampled under its first mask by `AgentStep.first_token`. Prefix reuse
+and chunked prefill are untouched: the grammar only sees generated tokens.
 
 Failures: an exception from `prefill`/`copy_slot` or a sink fails that request; one from `decode`
 fails the requests in that step (their slots are wiped); the loop keeps running. Anything else
@@ -67,10 +64,10 @@ from typing import Protocol
 
 import numpy as np
 
+from g4bench.engine.agent_step import AgentStep
 from g4bench.engine.block_cache import BlockCache
-from g4bench.engine.grammar import TokenConstraint, bitmask_words
+from g4bench.engine.grammar import TokenConstraint
 from g4bench.engine.logprobs import TokenLogprob
-from g4bench.engine.mask_pipeline import MaskPipeline
 from g4bench.engine.prefix_cache import SlotTable
 from g4bench.engine.sampling import SamplingParams
 
@@ -179,7 +176,7 @@ class Scheduler:
             )
         else:
             self.table = SlotTable(self.max_slots, copy_min=copy_min)
-        self.masks: MaskPipeline | None = None  # created with the first constrained request
+        self.agent = AgentStep(engine, self.max_slots, self.vocab_size)  # grammars and logprobs
         self.observers: list[SchedulerObserver] = []
         self.warmup_s: float | None = None
         self.steps = 0
@@ -294,8 +291,7 @@ class Scheduler:
             log.exception("g4bench engine loop died; every request fails until restart")
             self._error = exc
             self._ready.set()  # wake wait_ready(); `ready` stays False because the loop is dead
-        if self.masks is not None:
-            self.masks.close()
+        self.agent.close()
         try:
             self._fail_everything("engine loop died" if self._error else "server shutting down")
         except Exception:
@@ -389,7 +385,10 @@ class Scheduler:
                     assert r.slot is not None
                     self.table.prepare(r.slot, int(positions[r.slot]), 1)
             if split:
-                out, rows = self._split_decode(batch, tokens, positions, active)
+                wanted = {
+                    r.slot: r.params.logprobs for r in batch if r.slot is not None and r.params.logprobs is not None
+                }
+                out, rows = self.agent.decode(tokens, positions, active, wanted)
             else:
                 out = np.asarray(self.engine.decode(tokens, positions, active))
         except Exception as exc:
@@ -422,52 +421,6 @@ class Scheduler:
             kept.append(r)
         return kept
 
-    def _split_decode(
-        self, batch: list[_Request], tokens: np.ndarray, positions: np.ndarray, active: np.ndarray
-    ) -> tuple[np.ndarray, dict[int, TokenLogprob]]:
-        """Forward, masks computed meanwhile on the host, masked sampling, logprobs (see above)."""
-        masks = self.masks if self.masks is not None and self.masks.active else None
-        if masks is not None:
-            masks.submit()
-        try:
-            logits = self.engine.decode_logits(tokens, positions, active)
-        finally:
-            bitmask = masks.wait() if masks is not None else None
-        out = self.engine.sample_logits(logits, positions, np.arange(self.max_slots), bitmask)
-        return out, self._logprob_rows(batch, logits, out, lambda r: r.slot)
-
-    def _logprob_rows(self, reqs, logits, chosen: np.ndarray, row_of) -> dict[int, TokenLogprob]:
-        """{slot: TokenLogprob} for the requests of `reqs` that asked for logprobs; `row_of(r)` is
-        the request's row in `logits`."""
-        wanted = [r for r in reqs if r.params.logprobs is not None]
-        if not wanted:
-            return {}
-        k = max(r.params.logprobs for r in wanted)
-        picked, top_ids, top_lps = self.engine.logprobs(logits, chosen, k)
-        rows = {}
-        for r in wanted:
-            i, n = row_of(r), r.params.logprobs
-            top = tuple((int(t), float(lp)) for t, lp in zip(top_ids[i][:n], top_lps[i][:n], strict=True))
-            rows[r.slot] = TokenLogprob(int(chosen[i]), float(picked[i]), top)
-        return rows
-
-    def _first_token(self, req: _Request, token: int, position: int) -> tuple[int, TokenLogprob | None]:
-        """A constrained / logprobs request's first token: re-sampled from the prefill's logits under
-        its first mask; its matcher then joins the mask pipeline."""
-        p = req.params
-        assert req.slot is not None
-        logits = self.engine.last_logits
-        bitmask = None
-        if p.constraint is not None:
-            bitmask = np.empty((1, bitmask_words(self.vocab_size)), np.int32)
-            p.constraint.fill_bitmask(bitmask[0])
-            token = int(self.engine.sample_logits(logits, np.array([position]), np.array([req.slot]), bitmask)[0])
-            if self.masks is None:
-                self.masks = MaskPipeline(self.max_slots, self.vocab_size)
-            self.masks.attach(req.slot, p.constraint)
-        rows = self._logprob_rows([req], logits, np.array([token]), lambda r: 0)
-        return token, rows.get(req.slot)
-
     def _prefill_step(self) -> None:
         if not self._prefilling:
             return
@@ -494,7 +447,9 @@ class Scheduler:
             tok = self.engine.prefill(req.slot, chunk, req.prefilled, sampling)
             row = None
             if last and (req.params.constraint is not None or req.params.logprobs is not None):
-                tok, row = self._first_token(req, int(tok), req.prefilled + len(chunk) - 1)
+                position = req.prefilled + len(chunk) - 1
+                p = req.params
+                tok, row = self.agent.first_token(req.slot, position, int(tok), p.constraint, p.logprobs)
         except Exception as exc:
             log.exception("prefill failed for request %d", req.id)
             self._finish(req, "error", error=f"prefill failed: {exc}", keep=False)
@@ -539,8 +494,8 @@ class Scheduler:
             if req in self._prefilling:
                 self._prefilling.remove(req)
             self.table.release(req.slot, keep=keep)
-            if self.masks is not None and self.masks.matcher(req.slot) is req.params.constraint:
-                self.masks.detach(req.slot)
+            if req.params.constraint is not None:
+                self.agent.release(req.slot)
         result = RequestResult(
             request_id=req.id,
             finish_reason=reason,
