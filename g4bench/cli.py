@@ -13,6 +13,7 @@ import typer
 from g4bench.commands import (
     calibrate,
     capacity,
+    constraint_cost,
     device_check,
     doctor,
     engine_steps,
@@ -45,6 +46,7 @@ app.command("capacity")(capacity.capacity)
 app.command("calibrate")(calibrate.calibrate)
 app.command("serve")(serve.serve)
 app.command("serve-load")(serve_load.serve_load)
+app.command("constraint-cost")(constraint_cost.constraint_cost)
 app.command("doctor")(doctor.doctor)
 app.command("engine-steps")(engine_steps.engine_steps)
 app.command("plan")(plan.plan)

@@ -25,7 +25,13 @@ def serve_load(
     conc: Annotated[
         str, typer.Option(help="Concurrency levels, comma-separated (closed loop, or the open-loop cap).")
     ] = "2,4,8",
-    workload: Annotated[str, typer.Option(help="fixed | agent | shared-prefix.")] = "agent",
+    workload: Annotated[
+        str, typer.Option(help="fixed | agent | shared-prefix | tools (forced tool calls, tool-result messages).")
+    ] = "agent",
+    json_schema: Annotated[
+        Path | None,
+        typer.Option(help="Fixed workload: constrain every reply to this JSON Schema file (response_format)."),
+    ] = None,
     url: Annotated[
         str | None, typer.Option(help="Benchmark this OpenAI-compatible server instead of starting ours.")
     ] = None,
@@ -109,7 +115,7 @@ def serve_load(
     from harness.results import create_run_dir
 
     console = Console(stderr=True)
-    if workload not in ("fixed", "agent", "shared-prefix") or api not in ("auto", "tokens", "chat"):
+    if workload not in ("fixed", "agent", "shared-prefix", "tools") or api not in ("auto", "tokens", "chat"):
         console.print(f"[red]bad --workload {workload!r} or --api {api!r}[/red]")
         raise typer.Exit(2)
     try:
@@ -126,17 +132,30 @@ def serve_load(
         )
         raise typer.Exit(2)
 
+    schema = None
+    if json_schema is not None:
+        import json
+
+        if workload != "fixed":
+            console.print("[red]--json-schema applies to --workload fixed[/red]")
+            raise typer.Exit(2)
+        try:
+            schema = json.loads(json_schema.read_text())
+        except (OSError, ValueError) as e:
+            console.print(f"[red]cannot read --json-schema {json_schema}: {e}[/red]")
+            raise typer.Exit(2) from None
     accel = has_accelerator()
     size = defaults.choose(workload, full_size=url is not None or accel)
     wl = WorkloadConfig(
         kind=workload,  # type: ignore[arg-type]
-        api=api,  # type: ignore[arg-type]
         input_len=input_len if input_len is not None else size.input_len,
         output_len=output_len if output_len is not None else size.output_len,
         turns=turns if turns is not None else size.turns,
         tool_result_tokens=tool_result_tokens if tool_result_tokens is not None else size.tool_result_tokens,
         prefix_len=prefix_len if prefix_len is not None else size.prefix_len,
         seed=seed,
+        json_schema=schema,
+        api="chat" if workload == "tools" else api,  # type: ignore[arg-type]
     )
     console.print(f"[bold]serve-load[/bold] {workload}: {size.reason}")
     console.print(

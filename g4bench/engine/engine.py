@@ -13,6 +13,13 @@ jitted programs (JetStream's prefill / insert / generate split, folded into slot
   token id per slot;
 - copy_slot: one slot's KV into another (contiguous prefix sharing).
 
+Constrained decoding and logprobs split the decode step in two (the fused one stays for batches that
+need neither, so they pay nothing): `decode_logits` (forward only: the cache advances and the f32
+[S, V] logits stay on the device) and `sample_logits(logits, positions, rows, bitmask)` (the grammar's
+int32[S, ceil(V/32)] bitmask applied before the usual sampler). JAX dispatch is asynchronous, so
+the host computes the next mask (g4bench/engine/mask_pipeline.py) while `decode_logits` runs.
+`logprobs(logits, chosen, k)` reads back only the chosen ids' log-probabilities and the top k.
+
 KV layouts (`EngineConfig.kv_layout`). "paged" (the default, the server's): one pool of
 `block_size`-token blocks per KV-owning layer and per-slot block tables (g4bench/model/paged_kv.py);
 the scheduler's BlockCache points tables at shared blocks, so a prefix computed in any slot serves
@@ -44,6 +51,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from g4bench.engine.grammar import apply_token_bitmask
+from g4bench.engine.logprobs import step_logprobs
 from g4bench.engine.sampling import SamplingParams, SamplingState, sample
 from g4bench.model.config import SLIDING, ModelConfig
 from g4bench.model.forward import forward
@@ -193,6 +202,12 @@ class Engine:
             static_argnames=("kv_len",),
             donate_argnums=donate,
         )
+        self._forward = jax.jit(
+            partial(_decode_forward, cfg=cfg, layout=self.layout, cdt=self.compute_dtype),
+            static_argnames=("kv_len",),
+            donate_argnums=donate,
+        )
+        self._sample = jax.jit(partial(_masked_sample, eos_ids=tuple(cfg.eos_token_ids)))
         self._copy = jax.jit(_copy_row, donate_argnums=(0,) if self.ecfg.donate else ())
 
     # ------------------------------------------------------------------ facts
@@ -278,6 +293,46 @@ class Engine:
         )
         self.last_logits = logits
         return np.asarray(nxt)
+
+    def decode_logits(self, tokens: np.ndarray, positions: np.ndarray, active: np.ndarray) -> jax.Array:
+        """The forward half of `decode`: the cache advances; returns the f32 [S, V] logits (on the
+        device, not yet computed when this returns) for `sample_logits` and `logprobs`."""
+        active = np.asarray(active, bool)
+        positions = np.asarray(positions, np.int32)
+        top = int(positions[active].max()) + 1 if active.any() else 1
+        if top > self.ecfg.max_len:
+            raise ValueError(f"decode position {top - 1} exceeds max_len {self.ecfg.max_len}")
+        self.cache, logits = self._forward(
+            self.params,
+            self.cache,
+            jnp.asarray(tokens, jnp.int32),
+            jnp.asarray(positions),
+            jnp.asarray(active),
+            {g: jnp.asarray(t.copy()) for g, t in self.tables.items()},
+            kv_len=bucket_for(top, self.ecfg.kv_buckets),
+        )
+        self.last_logits = logits
+        return logits
+
+    def sample_logits(
+        self, logits: jax.Array, positions: np.ndarray, rows: np.ndarray, bitmask: np.ndarray | None
+    ) -> np.ndarray:
+        """Sample logits f32[R, V] with the sampling settings of slots `rows` (i32[R]) at `positions`
+        (i32[R], the positions predicted from); `bitmask` int32[R, ceil(V/32)] (None: no mask) bans
+        ids before the sampler, so greedy and sampled decoding both obey it. Returns i32[R]."""
+        logits = logits.reshape(-1, logits.shape[-1])
+        words = (logits.shape[-1] + 31) // 32
+        mask = np.full((logits.shape[0], words), -1, np.int32) if bitmask is None else bitmask.copy()
+        nxt = self._sample(
+            logits, jnp.asarray(positions, jnp.int32), self.sampling, jnp.asarray(rows, jnp.int32), mask
+        )
+        return np.asarray(nxt)
+
+    def logprobs(self, logits: jax.Array, chosen: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
+        """Host copies of (chosen logprob f32[R], top ids i32[R, k], top logprobs f32[R, k])."""
+        logits = logits.reshape(-1, logits.shape[-1])
+        out = step_logprobs(logits, jnp.asarray(chosen, jnp.int32), k)
+        return tuple(np.asarray(x) for x in out)
 
     def set_suppress_eos(self, slot: int, on: bool) -> None:
         """While on, the slot's sampler never picks an EOS id (a request's `min_tokens`)."""
@@ -394,6 +449,21 @@ def _decode_step(
         tables=tables,
     )
     return cache, (logits if keep_logits else None), sample(logits, positions, sampling, cfg.eos_token_ids)
+
+
+def _decode_forward(params, cache, tokens, positions, active, tables, *, cfg, layout, cdt, kv_len):
+    """`_decode_step` without the sampler: (cache, logits f32 [S, V])."""
+    logits, cache = forward(
+        params, tokens[:, None], positions, active.astype(jnp.int32), cache, cfg, layout,
+        kv_len=kv_len, compute_dtype=cdt, tables=tables,
+    )  # fmt: skip
+    return cache, logits
+
+
+def _masked_sample(logits, positions, sampling, rows, bitmask, *, eos_ids):
+    """The grammar's bitmask, then the usual sampler with the sampling rows of slots `rows`."""
+    state = jax.tree_util.tree_map(lambda x: x[rows], sampling)
+    return sample(apply_token_bitmask(logits.astype(jnp.float32), bitmask), positions, state, eos_ids)
 
 
 def _copy_row(cache, src, dst):

@@ -95,7 +95,7 @@ class GrammarVocab:
 def byte_vocab(vocab_size: int) -> GrammarVocab:
     """A byte vocabulary: ids 3..258 are bytes, 0-2 and >= 259 never match text. (The synthetic
     models' tokenizer, g4bench/server/synthetic_tokenizer.py, shares ids 3..130 with it but gives
-    text to every id; a vocabulary built from its pieces is part of the server integration.)"""
+    text to every id; `piece_vocab` builds the server's vocabulary from its pieces.)"""
     if vocab_size < 256 + BYTE_OFFSET:
         raise ValueError(f"a byte vocabulary needs vocab_size >= 259, got {vocab_size}")
     names = [b"\xff[pad]", b"\xff[eos]", b"\xff[bos]"]
@@ -117,6 +117,31 @@ def byte_vocab(vocab_size: int) -> GrammarVocab:
     tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Wrapper()))
     plain = tuple(b"" if i in (BYTE_PAD, BYTE_EOS, BYTE_BOS) or i >= 259 else t for i, t in enumerate(tokens))
     return GrammarVocab(tok, vocab_size, plain)
+
+
+def piece_vocab(pieces: Sequence[bytes], eos_id: int, bos_id: int, special: Sequence[int]) -> GrammarVocab:
+    """A vocabulary given as one byte string per id (the synthetic models' tokenizer: ASCII ids,
+    Latin-1 letters, pseudo-syllables); `special` ids (pad/eos/bos) write no text. llguidance
+    tokenizes forced text greedily from single-byte pieces, so every byte a grammar needs must be a
+    piece of its own (true of the synthetic tokenizer's ASCII ids)."""
+    specials = set(special)
+    names = [b"\xff[special_%d]" % i if i in specials else bytes(t) for i, t in enumerate(pieces)]
+    by_byte = {t[0]: i for i, t in enumerate(names) if len(t) == 1}
+
+    class _Wrapper:  # what llguidance.TokenizerWrapper reads
+        eos_token_id = eos_id
+        bos_token_id = bos_id
+        special_token_ids = sorted(specials)
+
+        def __init__(self) -> None:
+            self.tokens = names
+
+        def __call__(self, text: bytes) -> list[int]:
+            return [by_byte[b] for b in text if b in by_byte]
+
+    tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Wrapper()))
+    plain = tuple(b"" if i in specials else bytes(t) for i, t in enumerate(pieces))
+    return GrammarVocab(tok, len(pieces), plain)
 
 
 def hf_vocab(tokenizer_json: str, eos_ids: Sequence[int], vocab_size: int | None = None) -> GrammarVocab:

@@ -21,6 +21,7 @@ overwritten while step t+1's mask is being computed.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -40,6 +41,9 @@ class MaskPipeline:
         self._next = 0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="g4bench-mask")
         self._pending: Future[np.ndarray] | None = None
+        self.fill_s = 0.0  # worker time spent computing masks (all steps)
+        self.wait_s = 0.0  # time `wait` blocked the caller (mask not ready when the device was)
+        self.fills = 0  # masks computed (steps with a constrained slot)
 
     @property
     def active(self) -> bool:
@@ -81,15 +85,22 @@ class MaskPipeline:
         if self._pending is None:
             raise RuntimeError("wait() without submit()")
         future, self._pending = self._pending, None
-        return future.result()
+        t = time.perf_counter()
+        try:
+            return future.result()
+        finally:
+            self.wait_s += time.perf_counter() - t
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
     def _fill(self, buf: np.ndarray, matchers: dict[int, TokenConstraint]) -> np.ndarray:
+        t = time.perf_counter()
         buf.fill(-1)
         for slot, m in matchers.items():
             m.fill_bitmask(buf[slot])
+        self.fill_s += time.perf_counter() - t
+        self.fills += 1
         return buf
 
     def _require_idle(self) -> None:

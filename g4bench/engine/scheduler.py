@@ -30,6 +30,14 @@ and stop strings cannot be banned; they count only once more than `min_tokens` t
 The token that ends a request is never fed back, so a slot's recorded tokens are exactly those
 whose K/V the engine wrote, and a finished conversation stays resident for the next turn.
 
+Grammars and logprobs (`GenerationParams.constraint`, `.logprobs`). A decode batch in which no
+request has either runs the fused `engine.decode` (the sampler inside the step): such requests pay
+nothing. Otherwise the constrained slots' matchers consume the tokens about to be fed (a token a
+matcher refuses, a sampler bug, fails that request only) and `AgentStep` (agent_step.py) runs the
+split step: masks on a worker thread while the forward runs, masked sampling, logprob rows. A
+request's first token is re-sampled under its first mask by `AgentStep.first_token`. Prefix reuse
+and chunked prefill are untouched: the grammar only sees generated tokens.
+
 Failures: an exception from `prefill`/`copy_slot` or a sink fails that request; one from `decode`
 fails the requests in that step (their slots are wiped); the loop keeps running. Anything else
 (including a BaseException such as SystemExit raised inside the engine) is a scheduler bug: the
@@ -57,7 +65,10 @@ from typing import Protocol
 
 import numpy as np
 
+from g4bench.engine.agent_step import AgentStep
 from g4bench.engine.block_cache import BlockCache
+from g4bench.engine.grammar import TokenConstraint
+from g4bench.engine.logprobs import TokenLogprob
 from g4bench.engine.prefix_cache import SlotTable
 from g4bench.engine.sampling import SamplingParams
 
@@ -75,6 +86,9 @@ class GenerationParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: frozenset[int] | None = None  # None: the engine's eos_token_ids
+    # This request's grammar state (a fresh matcher per request; the scheduler advances it).
+    constraint: TokenConstraint | None = field(default=None, compare=False)
+    logprobs: int | None = None  # None: none; k >= 0: the chosen token's logprob and the top k
 
 
 @dataclass
@@ -96,8 +110,9 @@ class RequestResult:
 class RequestSink(Protocol):
     """Receives one request's tokens; called in the engine thread, so it must be quick."""
 
-    def on_token(self, token: int) -> bool:
-        """Take one sampled token; return True when a stop string has just been completed."""
+    def on_token(self, token: int, logprob: TokenLogprob | None = None) -> bool:
+        """Take one sampled token (with its logprob row when the request asked for logprobs);
+        return True when a stop string has just been completed."""
         ...
 
     def on_finish(self, result: RequestResult) -> None: ...
@@ -171,6 +186,7 @@ class Scheduler:
             )
         else:
             self.table = SlotTable(self.max_slots, copy_min=copy_min)
+        self.agent = AgentStep(engine, self.max_slots, self.vocab_size)  # grammars and logprobs
         self.observers: list[SchedulerObserver] = []
         self.warmup_s: float | None = None
         self.steps = 0
@@ -282,6 +298,7 @@ class Scheduler:
             log.exception("g4bench engine loop died; every request fails until restart")
             self._error = exc
             self._ready.set()  # wake wait_ready(); `ready` stays False because the loop is dead
+        self.agent.close()
         try:
             self._fail_everything("engine loop died" if self._error else "server shutting down")
         except Exception:
@@ -363,6 +380,9 @@ class Scheduler:
 
     def _decode_step(self) -> None:
         batch = [r for r in self._running.values() if r.next_token is not None]
+        split = any(r.params.constraint is not None or r.params.logprobs is not None for r in batch)
+        if split:
+            batch = self._advance_constraints(batch)
         if not batch:
             return
         tokens = np.zeros(self.max_slots, np.int32)
@@ -373,13 +393,20 @@ class Scheduler:
             tokens[r.slot] = r.next_token
             positions[r.slot] = len(self.table.slots[r.slot].tokens)
             active[r.slot] = True
+        rows: dict[int, TokenLogprob] = {}
         try:
             if self.paged:
                 assert isinstance(self.table, BlockCache)
                 for r in batch:
                     assert r.slot is not None
                     self.table.prepare(r.slot, int(positions[r.slot]), 1)
-            out = np.asarray(self.engine.decode(tokens, positions, active))
+            if split:
+                wanted = {
+                    r.slot: r.params.logprobs for r in batch if r.slot is not None and r.params.logprobs is not None
+                }
+                out, rows = self.agent.decode(tokens, positions, active, wanted)
+            else:
+                out = np.asarray(self.engine.decode(tokens, positions, active))
         except Exception as exc:
             log.exception("decode step failed; failing its %d requests", len(batch))
             for r in batch:
@@ -392,7 +419,23 @@ class Scheduler:
             assert r.slot is not None and r.next_token is not None
             self.table.extend(r.slot, [r.next_token])
             r.next_token = None
-            self._deliver(r, int(out[r.slot]), now)
+            self._deliver(r, int(out[r.slot]), now, rows.get(r.slot))
+
+    def _advance_constraints(self, batch: list[_Request]) -> list[_Request]:
+        """Constrained requests' matchers consume the token about to be fed; a refused token fails
+        its request (returns the batch without it)."""
+        kept = []
+        for r in batch:
+            if r.params.constraint is not None:
+                assert r.next_token is not None
+                try:
+                    r.params.constraint.advance(r.next_token)
+                except Exception as exc:
+                    log.exception("grammar refused token %d of request %d", r.next_token, r.id)
+                    self._finish(r, "error", error=f"grammar violation: {exc}")
+                    continue
+            kept.append(r)
+        return kept
 
     def _prefill_step(self) -> None:
         if not self._prefilling:
@@ -418,6 +461,11 @@ class Scheduler:
                 assert isinstance(self.table, BlockCache)
                 self.table.prepare(req.slot, req.prefilled, len(chunk))
             tok = self.engine.prefill(req.slot, chunk, req.prefilled, sampling)
+            row = None
+            if last and (req.params.constraint is not None or req.params.logprobs is not None):
+                position = req.prefilled + len(chunk) - 1
+                p = req.params
+                tok, row = self.agent.first_token(req.slot, position, int(tok), p.constraint, p.logprobs)
         except Exception as exc:
             log.exception("prefill failed for request %d", req.id)
             self._finish(req, "error", error=f"prefill failed: {exc}", keep=False)
@@ -426,14 +474,14 @@ class Scheduler:
         req.prefilled += len(chunk)
         if last:
             self._prefilling.popleft()
-            self._deliver(req, int(tok), self.clock())
+            self._deliver(req, int(tok), self.clock(), row)
 
-    def _deliver(self, req: _Request, token: int, now: float) -> None:
+    def _deliver(self, req: _Request, token: int, now: float, row: TokenLogprob | None = None) -> None:
         """Hand one sampled token to the request and decide whether it ends there."""
         req.output.append(token)
         req.times.append(now - req.submitted)
         try:
-            stop_string = req.sink.on_token(token)
+            stop_string = req.sink.on_token(token) if row is None else req.sink.on_token(token, row)
         except Exception as exc:
             log.exception("sink of request %d failed", req.id)
             self._finish(req, "error", error=f"output handling failed: {exc}")
@@ -462,6 +510,8 @@ class Scheduler:
             if req in self._prefilling:
                 self._prefilling.remove(req)
             self.table.release(req.slot, keep=keep)
+            if req.params.constraint is not None:
+                self.agent.release(req.slot)
         result = RequestResult(
             request_id=req.id,
             finish_reason=reason,

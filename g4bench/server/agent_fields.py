@@ -1,5 +1,5 @@
 """Request fields of the agent protocol (tools, tool_choice, response_format, logprobs) as pydantic
-mixins, ready to be added to protocol.py's request and message models in the integration step.
+mixins, mixed into protocol.py's request and message models:
 
     class ChatCompletionRequest(SamplingFields, ChatAgentFields): ...
     class CompletionRequest(SamplingFields, CompletionLogprobsField): ...

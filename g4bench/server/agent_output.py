@@ -1,6 +1,6 @@
 """One chat request's generated ids -> OpenAI choice updates: delta (content / reasoning_content /
-tool_calls) plus the logprobs of the tokens behind it. The piece the server's streaming and
-non-streaming paths will share once the agent protocol is wired in.
+tool_calls) plus the logprobs of the tokens behind it; the server's streaming and non-streaming
+chat paths share it (app.py feeds it the stop-string-checked text of each token, `push_text`).
 
     ids ──piece(id) bytes──> UTF-8 incremental decoder ──text──> OutputParser ──deltas──┐
     logprob rows (TokenLogprob) ── held until a delta goes out ────────────────────────┴─> updates
@@ -60,11 +60,19 @@ class AgentOutput:
         self._deltas: list[dict] = []
 
     def push(self, token: int, row: TokenLogprob | None = None) -> list[dict]:
+        return self.push_text(self._utf8.decode(self._piece(token)), row)
+
+    def push_text(self, text: str, row: TokenLogprob | None = None) -> list[dict]:
+        """One token's text, already decoded (the server's stop-string-aware assembler)."""
         if self._top is not None:
             if row is None:
                 raise ValueError("logprobs were requested but no logprob row came with the token")
             self._rows.append(row)
-        return self._updates(self._parser.feed(self._utf8.decode(self._piece(token))))
+        return self._updates(self._parser.feed(text))
+
+    def tail(self, text: str) -> list[dict]:
+        """Text released when the request ended (held back for a stop string): no token of its own."""
+        return self._updates(self._parser.feed(text))
 
     def finish(self) -> list[dict]:
         deltas = self._parser.feed(self._utf8.decode(b"", final=True)) + self._parser.finish()

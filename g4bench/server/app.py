@@ -12,6 +12,12 @@ optional usage chunk, `data: [DONE]`). With `return_token_ids` every sampled tok
 chunk whose `choices[0].token_ids` holds its id (vLLM's form), and the first chunk carries
 `prompt_token_ids`. A failure after the stream started becomes an error event, then `[DONE]`.
 
+Chat output goes through `AgentOutput` (agent_output.py) on the event loop: each token's text
+(already checked for stop strings in the engine thread) -> content / reasoning_content / tool_calls
+deltas with the logprobs of their tokens; `finish_reason` is "tool_calls" when calls came out.
+Requests that use tools detokenize through `AgentVocab.piece`, which keeps the markers a real
+tokenizer's decode drops. Completions' logprobs ride on the chunk that carries their text.
+
 Deadlines: a request still queued after `queue_timeout_s`, or unfinished after `request_timeout_s`,
 is cancelled and answered 504. The event loop never touches the engine. A watcher task listens for
 the client's `http.disconnect` and cancels the request in the scheduler, which frees the slot at
@@ -31,8 +37,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from g4bench.engine.logprobs import TokenLogprob, completion_logprobs
 from g4bench.engine.scheduler import QueueFull, RequestResult, Scheduler, SchedulerDead
 from g4bench.server import protocol as p
+from g4bench.server.agent_output import AgentOutput
 from g4bench.server.errors import APIError, install_error_handlers
 from g4bench.server.metrics import ServerMetrics
 from g4bench.server.replies import Reply, from_chunks
@@ -40,7 +48,7 @@ from g4bench.server.requests import Prepared, Preparer, read_body
 from g4bench.server.security import ApiKeyAuth, HostAllowList
 from g4bench.server.settings import ServerSettings
 from g4bench.server.streaming import AsyncSink, TextAssembler
-from g4bench.server.tokenizer import Tokenizer
+from g4bench.server.tokenizer import PieceDecoder, Tokenizer
 from g4bench.server.watchdog import EngineWatchdog
 
 ENGINE_FAILED = "the engine failed; the server must be restarted"
@@ -191,9 +199,9 @@ class _Service:
         if (err := self._unavailable()) is not None:
             self.metrics.count_request(endpoint, "rejected")
             raise err
-        sink = AsyncSink(
-            asyncio.get_running_loop(), TextAssembler(self.tokenizer, prep.stops, prep.body.min_tokens)
-        )
+        vocab = self.preparer.vocab
+        decoder = PieceDecoder(vocab.piece) if prep.uses_tools and not vocab.synthetic else self.tokenizer
+        sink = AsyncSink(asyncio.get_running_loop(), TextAssembler(decoder, prep.stops, prep.body.min_tokens))
         try:
             rid = self.scheduler.submit(prep.prompt, prep.params, sink)
         except ValueError as exc:  # the scheduler's own checks (Preparer checks the same first)
@@ -220,6 +228,9 @@ class _Request:
     ):
         self.service, self.endpoint, self.prep, self.rid, self.sink = service, endpoint, prep, rid, sink
         self.reply = Reply(endpoint, service.model_name, prep.body, prep.prompt)
+        self.piece = service.preparer.vocab.piece
+        self.top = prep.params.logprobs  # None: no logprobs
+        self.agent = AgentOutput(self.piece, top_logprobs=self.top) if endpoint == "chat" else None
         loop = asyncio.get_running_loop()
         now = loop.time()
         self.loop, self.queue_deadline = loop, now + service.settings.queue_timeout_s
@@ -307,30 +318,64 @@ class _Request:
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                 )
-            text, event = [], first
+            text, rows, updates, event = [], [], [], first
             while event[0] == "token":
-                text.append(event[2])
+                _, _, delta, row = event
+                if self.agent is not None:
+                    updates += self.agent.push_text(delta, row)
+                text.append(delta)
+                if row is not None:
+                    rows.append(row)
                 event = await self.next_event()
             if self._failed(event):
                 status = self._outcome(event)
                 raise self._error(event)
             _, result, tail = event
             status = result.finish_reason
-            return JSONResponse(self.reply.whole("".join(text) + tail, result))
+            if self.agent is None:
+                lp = None if self.top is None else completion_logprobs(rows, self.piece, self.top)
+                return JSONResponse(self.reply.whole("".join(text) + tail, result, logprobs=lp))
+            updates += self.agent.tail(tail) + self.agent.finish()
+            whole = self.reply.whole(
+                "", result, parsed=self.agent.result(), logprobs=self.agent.logprobs_all(updates),
+                finish_reason=self.agent.finish_reason(result.finish_reason),
+            )  # fmt: skip
+            return JSONResponse(whole)
         finally:
             if status != "streaming":
                 self.close(status)
+
+    def _chunks(self, delta: str, first: bool, ids: list[int] | None, rows: list[TokenLogprob]) -> str:
+        """One token's chunks (chat: its AgentOutput updates; completions: its text and logprobs)."""
+        reply = self.reply
+        if self.agent is not None:
+            row = rows.pop() if rows else None
+            updates = self.agent.push_text(delta, row)
+            return from_chunks(reply.updates(updates, first, ids)) if updates or first or ids is not None else ""
+        if not (first or delta or ids is not None):
+            return ""  # held text: its logprob rows wait for the chunk that carries it
+        lp = None
+        if self.top is not None:
+            lp = completion_logprobs(rows, self.piece, self.top, self.text_offset)
+            rows.clear()
+        self.text_offset += len(delta)
+        return from_chunks(reply.delta(delta, first, ids, lp))
 
     async def _stream(self, event: tuple) -> AsyncIterator[str]:
         status = "cancelled"
         reply = self.reply
         with_ids = reply.body.return_token_ids  # then every token gets a chunk carrying its id
+        self.text_offset = 0
+        rows: list[TokenLogprob] = []
         try:
             first = True
             while event[0] == "token":
-                _, token, text = event
-                if first or text or with_ids:
-                    yield from_chunks(reply.delta(text, first, [token] if with_ids else None))
+                _, token, text, row = event
+                if row is not None:
+                    rows.append(row)
+                out = self._chunks(text, first, [token] if with_ids else None, rows)
+                if out:
+                    yield out
                 first = False
                 event = await self.next_event()
             if self._failed(event):
@@ -340,9 +385,18 @@ class _Request:
                 return
             _, result, tail = event
             status = result.finish_reason
-            if first or tail:
-                yield from_chunks(reply.delta(tail, first, [] if with_ids else None))
-            yield from_chunks([reply.finish_chunk(result)])
+            reason = result.finish_reason
+            if self.agent is not None:
+                updates = self.agent.tail(tail) + self.agent.finish()
+                if updates or first:
+                    yield from_chunks(reply.updates(updates, first, [] if with_ids else None))
+                reason = self.agent.finish_reason(result.finish_reason)
+            elif first or tail or rows:
+                lp = None
+                if self.top is not None:
+                    lp = completion_logprobs(rows, self.piece, self.top, self.text_offset)
+                yield from_chunks(reply.delta(tail, first, [] if with_ids else None, lp))
+            yield from_chunks([reply.finish_chunk(result, reason)])
             if reply.body.include_usage:
                 yield from_chunks([reply.usage_chunk(result)])
             yield "data: [DONE]\n\n"

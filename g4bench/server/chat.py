@@ -22,6 +22,7 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 
+from g4bench.server.chat_tools import TemplateError, render_tools_prompt
 from g4bench.server.synthetic_tokenizer import SyntheticTokenizer
 from g4bench.server.tokenizer import HFTokenizer, Tokenizer
 
@@ -33,10 +34,6 @@ TEMPLATE_ROLES = {
     "assistant": "model",
     "tool": "tool",
 }
-
-
-class TemplateError(ValueError):
-    """The chat template rejected the conversation (e.g. roles that do not alternate)."""
 
 
 def render_synthetic_template(messages: Sequence[dict]) -> str:
@@ -63,13 +60,20 @@ class ChatFormatter:
             stop_ids |= set(tokenizer.generation_eos_ids)
         self.stop_token_ids = frozenset(i for i in stop_ids if i is not None)
 
-    def render(self, messages: Sequence[dict]) -> str:
+    def render(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> str:
+        """The prompt text; `tools` (OpenAI tool dicts) and messages' tool fields go to the
+        checkpoint's template, or for synthetic models to the Gemma-4-shaped one (chat_tools.py)."""
         if self._template is None:
+            # A tool message with no assistant tool_calls before it keeps the plain layout (a
+            # `tool` turn), as before tools were supported.
+            if tools or any(m.get("tool_calls") for m in messages):
+                return render_tools_prompt(messages, tools)
             return render_synthetic_template(messages)
         tok = self.tokenizer
         try:
             return self._template.render(
                 messages=list(messages),
+                tools=list(tools) if tools else None,
                 add_generation_prompt=True,
                 bos_token=getattr(tok, "bos_token", ""),
                 eos_token=getattr(tok, "eos_token", ""),
@@ -79,8 +83,8 @@ class ChatFormatter:
         except Exception as exc:  # jinja raises many types; the client's conversation caused it
             raise TemplateError(f"chat template failed: {exc}") from exc
 
-    def encode(self, messages: Sequence[dict]) -> list[int]:
-        return self.tokenizer.encode(self.render(messages), add_bos=True)
+    def encode(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> list[int]:
+        return self.tokenizer.encode(self.render(messages, tools), add_bos=True)
 
 
 def _raise(message: str) -> None:

@@ -1,7 +1,7 @@
 """Chat prompts with tools for synthetic models: a Gemma-4-shaped template (templates/gemma4_tools.jinja).
 
 Real checkpoints render `tools`, assistant `tool_calls` and `tool` messages through their own chat
-template (`ChatFormatter` passes them through in the integration step). Synthetic models have no
+template (`ChatFormatter.render` passes them through). Synthetic models have no
 template, so this module renders the same structure Gemma 4's templates produce:
 
     <bos><|turn>system\\n{system}<|tool>declaration:NAME{description:<|"|>..<|"|>,parameters:{..}}<tool|><turn|>\\n
@@ -25,7 +25,10 @@ from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
-from g4bench.server.chat import TemplateError
+
+class TemplateError(ValueError):
+    """The chat template rejected the conversation (e.g. roles that do not alternate)."""
+
 
 TEMPLATE = Path(__file__).parent / "templates" / "gemma4_tools.jinja"
 STRING_DELIM = '<|"|>'

@@ -6,11 +6,15 @@ outside the range the engine can honour (max_tokens, min_tokens and top_k fit an
 int64, temperature and top_p their usual ranges) fail validation and become a 400 with an OpenAI
 error body naming the field (see requests.py).
 
-`UNSUPPORTED` lists OpenAI fields that ask for something this server does not do (tool calls,
-structured output, log-probabilities, echo, best-of, penalties, logit bias). Silently ignoring them
+The agent protocol's fields (agent_fields.py) are mixed in: `tools`, `tool_choice`,
+`parallel_tool_calls`, `response_format`, `logprobs` / `top_logprobs` (chat), `logprobs` (completions),
+and messages' `tool_calls` / `tool_call_id` / `name`. Responses carry `tool_calls`,
+`reasoning_content` (vLLM's field) and `logprobs` in OpenAI's shapes.
+
+`UNSUPPORTED` lists OpenAI fields that ask for something this server does not do (legacy
+function calls, vLLM's guided_* fields, echo, best-of, penalties, logit bias). Silently ignoring them
 would let a client believe its constraint was applied, so each is a 400 naming the field, unless
 its value is one that asks for nothing: null, and the listed no-op values (`tools: []`,
-`tool_choice: "none"`, `response_format: {"type": "text"}`, `logprobs: false`, `top_logprobs: 0`,
 `echo: false`, `best_of: 1`, penalties of 0, `logit_bias: {}`, ...).
 
 Extensions beyond OpenAI, named as vLLM names them: `ignore_eos`, `min_tokens`, `top_k`, and
@@ -28,6 +32,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
+from g4bench.server.agent_fields import (
+    ChatAgentFields,
+    CompletionLogprobsField,
+    MessageToolFields,
+    ResponseFormat,
+)
+
 # A field that is left out of the JSON while it is None (extensions, deltas, usage in chunks).
 _OMIT_NONE: Any = Field(default=None, exclude_if=lambda v: v is None)
 
@@ -41,17 +52,12 @@ INT64 = (-(2**63), 2**63 - 1)
 # Field -> the values that ask for nothing (besides null); any other value is a 400 naming the field.
 # Compared with their type (`0` is not `false`), see `unsupported_field`.
 UNSUPPORTED: dict[str, tuple] = {
-    "tools": ([],),
-    "tool_choice": ("none",),
     "functions": ([],),
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
     "guided_json": (),
     "guided_regex": (),
     "guided_choice": (),
     "guided_grammar": (),
-    "logprobs": (False,),
-    "top_logprobs": (0,),
     "prompt_logprobs": (),
     "echo": (False,),
     "best_of": (1,),
@@ -84,9 +90,23 @@ class TextPart(_Lenient):
     text: str
 
 
-class ChatMessage(_Lenient):
+class ChatMessage(MessageToolFields):
     role: Role
     content: str | list[TextPart] | None = None
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as chat templates read it (tool fields only where present)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        for key in ("tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+    @property
+    def uses_tools(self) -> bool:
+        return self.role == "tool" or bool(self.tool_calls)
 
     def text(self) -> str:
         if self.content is None:
@@ -142,7 +162,7 @@ class SamplingFields(_Lenient):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, ChatAgentFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] | None = None
 
@@ -151,9 +171,10 @@ class ChatCompletionRequest(SamplingFields):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(SamplingFields, CompletionLogprobsField):
     # Text, a list of token ids, or a list holding exactly one string (or one id list).
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
+    response_format: ResponseFormat | None = None  # as chat's (vLLM accepts it on completions too)
 
     @field_validator("prompt")
     @classmethod
@@ -207,14 +228,16 @@ def now_s() -> int:
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    reasoning_content: str | None = _OMIT_NONE
+    tool_calls: list[dict[str, Any]] | None = _OMIT_NONE
 
 
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     token_ids: list[int] | None = _OMIT_NONE
 
 
@@ -231,13 +254,15 @@ class ChatCompletionResponse(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = _OMIT_NONE
     content: str | None = _OMIT_NONE
+    reasoning_content: str | None = _OMIT_NONE
+    tool_calls: list[dict[str, Any]] | None = _OMIT_NONE  # each with its `index`
 
 
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     token_ids: list[int] | None = _OMIT_NONE
 
 
@@ -255,7 +280,7 @@ class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     token_ids: list[int] | None = _OMIT_NONE
 
 

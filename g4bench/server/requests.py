@@ -14,6 +14,10 @@ it protects, and the work itself stays off the event loop.
                                   more → 400 context_length_exceeded.
                                4. pydantic (types, ranges) → 400 naming the field; model name → 404.
                                5. chat template / tokenizer, id range scan, context checks → 400.
+                               6. the agent protocol: `tools` and tool messages rendered by the
+                                  template; `response_format` / `tool_choice` compiled into a
+                                  grammar and a fresh matcher (GenerationParams.constraint; an
+                                  unenforceable schema → 400); `logprobs` → GenerationParams.logprobs.
 
 Work in steps 1-5 is bounded by the body limit and runs in a small thread pool, so a large or
 malicious body costs a concurrent stream at most the GIL hand-offs of that pool, never a stall of
@@ -25,15 +29,17 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect, Request
 
+from g4bench.engine.grammar import GrammarError, compile_grammar
 from g4bench.engine.sampling import SamplingParams
 from g4bench.engine.scheduler import GenerationParams
 from g4bench.server import protocol as p
+from g4bench.server.agent_vocab import AgentVocab, AgentVocabError
 from g4bench.server.chat import ChatFormatter, TemplateError
 from g4bench.server.errors import APIError, from_pydantic
 from g4bench.server.tokenizer import Tokenizer
@@ -79,6 +85,7 @@ class Prepared:
     prompt: list[int]
     params: GenerationParams
     stops: list[str]
+    uses_tools: bool = False  # tools declared or tool messages sent: detokenize with markers kept
 
 
 class Preparer:
@@ -92,6 +99,7 @@ class Preparer:
         self.formatter = ChatFormatter(tokenizer)
         self.stop_ids = self.formatter.stop_token_ids | engine_eos
         self.max_prompt_chars = max_len * max(1, tokenizer.max_token_chars)
+        self.vocab = AgentVocab(tokenizer, vocab_size, self.stop_ids)
 
     def prepare(self, endpoint: str, raw: bytes) -> Prepared:
         data = parse_json(raw)
@@ -127,10 +135,13 @@ class Preparer:
                 param="model",
                 code="model_not_found",
             )
+        uses_tools = False
         if isinstance(body, p.ChatCompletionRequest):
-            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            messages = [m.template_dict() for m in body.messages]
+            tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
+            uses_tools = bool(tools) or any(m.uses_tools for m in body.messages)
             try:
-                prompt = self.formatter.encode(messages)
+                prompt = self.formatter.encode(messages, tools)
             except TemplateError as exc:
                 raise APIError(400, str(exc), param="messages") from exc
             stops = (body.stop or []) + self.formatter.stop_strings
@@ -139,7 +150,39 @@ class Preparer:
             ids = cast(list[int], body.prompt)
             prompt = self.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(ids)
             stops = body.stop or []
-        return Prepared(body, prompt, self.params(param, body, prompt), stops)
+        params = self.params(param, body, prompt)
+        return Prepared(body, prompt, self._agent(body, params, uses_tools), stops, uses_tools)
+
+    def _agent(self, body: p.SamplingFields, params: GenerationParams, uses_tools: bool) -> GenerationParams:
+        """The grammar matcher and logprob count the request asks for, added to its parameters.
+        Requests that will detokenize through `AgentVocab.piece` build the vocabulary here, in
+        the worker thread, never on the event loop."""
+        if isinstance(body, p.ChatCompletionRequest):
+            k = (body.top_logprobs or 0) if body.logprobs else None
+            request = body.grammar_request()
+        else:
+            assert isinstance(body, p.CompletionRequest)
+            k = body.logprobs
+            fmt = body.response_format
+            request = {"response_format": None if fmt is None else fmt.model_dump(by_alias=True, exclude_none=True)}
+        if (uses_tools or k is not None) and not self.vocab.synthetic:
+            try:
+                self.vocab.grammar()
+            except AgentVocabError as exc:
+                raise APIError(400, str(exc), param="tools" if uses_tools else "logprobs") from exc
+        constraint = None
+        if request.get("response_format") or request.get("tool_choice") not in (None, "auto", "none"):
+            param = "tool_choice" if request.get("tool_choice") not in (None, "auto", "none") else "response_format"
+            try:
+                vocab = self.vocab.grammar()
+                grammar = compile_grammar(**request, vocab=vocab)
+                constraint = None if grammar is None else vocab.matcher(grammar)
+            except (GrammarError, AgentVocabError) as exc:
+                raise APIError(400, str(exc), param=param) from exc
+            if constraint is not None and (params.ignore_eos or params.min_tokens):
+                # the grammar ends the reply with EOS; banning or ignoring it has no valid continuation
+                raise APIError(400, f"{param} cannot be combined with ignore_eos or min_tokens", param=param)
+        return replace(params, constraint=constraint, logprobs=k)
 
     def _check_size(self, data: dict, param: str) -> None:
         """Reject prompts that cannot fit before any tokenizing (cheap: lengths only)."""

@@ -7,7 +7,7 @@ token (nothing past it is generated or fed, which keeps the slot's tokens reusab
 turn). Text that could still be the start of a stop string is held back until it cannot.
 
 Every event is handed to the request's asyncio.Queue with `loop.call_soon_threadsafe`:
-("token", id, text_delta) per token, then ("done", RequestResult, text_tail). If the event loop is
+("token", id, text_delta, logprob row or None) per token, then ("done", RequestResult, text_tail). If the event loop is
 gone, `call_soon_threadsafe` raises and the scheduler fails (and frees) the request.
 """
 
@@ -16,15 +16,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from g4bench.engine.logprobs import TokenLogprob
 from g4bench.engine.scheduler import RequestResult
-from g4bench.server.tokenizer import IncrementalDecoder, Tokenizer
+from g4bench.server.tokenizer import Decoder, IncrementalDecoder
 
 
 class TextAssembler:
     """Incremental detokenization plus stop strings (OpenAI semantics: the stop string is not
     returned). Stop strings count only once more than `min_tokens` tokens exist."""
 
-    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = (), min_tokens: int = 0) -> None:
+    def __init__(self, tokenizer: Decoder, stop: Sequence[str] = (), min_tokens: int = 0) -> None:
         self._decoder = IncrementalDecoder(tokenizer)
         self._stop = [s for s in stop if s]
         self._min_tokens = min_tokens
@@ -87,9 +88,9 @@ class AsyncSink:
         self.text = text
         self.queue: asyncio.Queue[tuple] = asyncio.Queue()
 
-    def on_token(self, token: int) -> bool:
+    def on_token(self, token: int, logprob: TokenLogprob | None = None) -> bool:
         delta, stopped = self.text.push(token)
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, ("token", token, delta))
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, ("token", token, delta, logprob))
         return stopped
 
     def on_finish(self, result: RequestResult) -> None:

@@ -47,6 +47,22 @@ class Tokenizer(Protocol):
         ...
 
 
+class Decoder(Protocol):
+    """What `IncrementalDecoder` needs: ids -> text."""
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class PieceDecoder:
+    """Ids -> text through `piece(id) -> bytes` (markers kept: agent_vocab.AgentVocab.piece)."""
+
+    def __init__(self, piece) -> None:
+        self._piece = piece
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return b"".join(self._piece(int(i)) for i in ids).decode("utf-8", errors="replace")
+
+
 class HFTokenizer:
     """A checkpoint's `tokenizer.json` (via `tokenizers`) with its special tokens and chat template.
 
@@ -62,6 +78,7 @@ class HFTokenizer:
         if not path.is_file():
             raise FileNotFoundError(f"no tokenizer.json in {d}")
         self._tok = RawTokenizer.from_file(str(path))
+        self.path = path
         config_path = d / "tokenizer_config.json"
         self.config: dict = json.loads(config_path.read_text()) if config_path.is_file() else {}
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
@@ -135,7 +152,7 @@ class IncrementalDecoder:
     n such ids cost O(n²)).
     """
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Decoder) -> None:
         self._tok = tokenizer
         self._ids: list[int] = []
         self._prefix_offset = 0

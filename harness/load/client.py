@@ -78,6 +78,7 @@ class RequestRecord:
     completion_tokens: int | None = None  # usage
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
     text: str = ""
+    tool_call_deltas: list[dict] = field(default_factory=list)  # streamed `delta.tool_calls` entries
     output_ids: list[int] | None = None  # generated token ids when the server returns them
     prompt_ids: list[int] | None = None
 
@@ -134,6 +135,7 @@ class _StreamState:
         if choices:
             choice = choices[0]
             text, is_output = _chunk_output(choice)
+            self.rec.tool_call_deltas.extend((choice.get("delta") or {}).get("tool_calls") or [])
             ids = choice.get("token_ids")
             if (
                 isinstance(ids, list)

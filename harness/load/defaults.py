@@ -10,6 +10,9 @@ context, prefix reuse), and the one no other tool measures per task (serving-ben
 - CPU (self-started server, no accelerator): 4 turns, 128-token first prompt, 16-token replies,
   48-token tool results (context 128 → 320) on the small synthetic model, so `--conc 2,4,8` ends in a
   few minutes on 2 cores. Fixed: 128 in / 32 out, 4 requests per concurrent stream.
+- Tools (forced tool calls): as agent, but replies get up to 512 tokens (full size) / 320 (CPU):
+  a call's arguments must fit, and the grammar ends the reply at the call's end, so the bound is
+  rarely reached.
 Anything given on the command line wins over these.
 """
 
@@ -38,11 +41,15 @@ def choose(kind: str, full_size: bool) -> Sizing:
             return Sizing(
                 1, 1024, 128, 0, 0, 100, 1, reason + ": 1,024 in / 128 out × 100, as the vLLM v6e baseline"
             )
+        if kind == "tools":
+            return Sizing(20, 500, 512, 320, 0, None, 1, reason + ": 20 forced tool calls, one task per agent")
         return Sizing(20, 500, 64, 320, 2048 if kind == "shared-prefix" else 0, None, 1,
                       reason + ": 20 turns, context 500 → 7,796 tokens, one task per agent")  # fmt: skip
     reason = "CPU defaults (no accelerator; small synthetic model)"
     if kind == "fixed":
         return Sizing(1, 128, 32, 0, 0, None, 4, reason + ": 128 in / 32 out, 4 requests per stream")
+    if kind == "tools":
+        return Sizing(4, 128, 320, 48, 0, None, 1, reason + ": 4 forced tool calls, one task per agent")
     return Sizing(4, 128, 16, 48, 128 if kind == "shared-prefix" else 0, None, 1,
                   reason + ": 4 turns, context 128 → 320 tokens, one task per agent, so --conc 2,4,8 takes minutes")  # fmt: skip
 

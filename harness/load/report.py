@@ -67,6 +67,8 @@ def level_summary(level: LevelResult, result: RunResult) -> dict[str, Any]:
         out["ttft_vs_uncached"] = metrics.ttft_vs_uncached(recs)
         shared = cfg.workload.prefix_len if cfg.workload.kind == "shared-prefix" else 0
         out |= metrics.prefix_reuse(recs, out["by_turn"], shared_prefix=shared)
+    if level.tool_calls is not None:
+        out["tool_calls"] = level.tool_calls
     few = metrics.few_samples_line(out["few_samples"])
     out["warnings"] = ([few] if few else []) + checks.check_warnings(block)
     return out
@@ -265,6 +267,13 @@ def print_closing(console: Any, summary: dict[str, Any], run_dir: Path) -> None:
                 f"{_fmt(lv.get('computed_over_new_prompt_tokens'), 3)} (new {_fmt(lv.get('new_prompt_tokens'))}); "
                 f"TTFT turn {lv.get('ttft_last_turn')} ÷ turn 0 = {_fmt(lv.get('ttft_last_turn_over_first'), 2)} "
                 f"({_fmt(lv.get('ttft_last_turn_ms'))} / {_fmt(lv.get('ttft_first_turn_ms'))} ms)"
+            )
+        tools = lv.get("tool_calls")
+        if tools is not None:
+            console.print(
+                f"  c={c}: tool calls over {tools['replies']} replies: present {_fmt(tools['call_rate'], 3)}, "
+                f"parsed {_fmt(tools['parse_rate'], 3)}, valid {_fmt(tools['valid_rate'], 3)}"
+                + (f"; first errors: {tools['first_errors']}" if tools["first_errors"] else "")
             )
     base = summary.get("engine_baseline")
     if base is not None and is_failure(base):

@@ -13,6 +13,10 @@
    not, it stops sending, keeps what it has and marks the run `partial` with the reason. Ctrl-C does
    the same ("interrupted") before re-raising.
 5. report.py writes the run folder from the `RunResult`.
+
+`--workload tools` runs tool_workload.py's `ToolTask`s (forced tool calls over chat, tool results
+appended as `tool` messages); each level keeps one `ToolCallStats`, whose parse / validation rates
+land in `LevelResult.tool_calls`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import httpx
 from harness.load.client import RequestRecord, RequestSpec, stream_request
 from harness.load.server import ManagedServer, alive
 from harness.load.slo import SLO
+from harness.load.tool_workload import ToolCallStats, ToolTask, ToolWorkloadConfig
 from harness.load.workloads import Api, Task, WorkloadConfig, arrival_times, make_tasks
 
 
@@ -53,6 +58,7 @@ class LevelResult:
     records: list[RequestRecord]
     duration_s: float
     partial_reason: str | None = None
+    tool_calls: dict | None = None  # tools workload: ToolCallStats.summary()
 
 
 @dataclass
@@ -103,8 +109,19 @@ class _Level:
         self.id_base = conc * 1_000_000
         self.limit = level_tasks(cfg, conc)
         self.t0 = time.perf_counter()
+        self.tool_stats = ToolCallStats() if cfg.workload.kind == "tools" else None
 
-    def new_task(self) -> Task | None:
+    def make_task(self) -> Task | ToolTask:
+        wl, task_id = self.cfg.workload, self.id_base + self.next_id
+        self.next_id += 1
+        if self.tool_stats is None:
+            return make_tasks(wl, 1, first_id=task_id)[0]
+        tcfg = ToolWorkloadConfig(model=wl.model, input_len=wl.input_len, turns=wl.turns,
+                                  tool_result_tokens=wl.tool_result_tokens, max_tokens=wl.output_len,
+                                  seed=wl.seed)  # fmt: skip
+        return ToolTask(tcfg, task_id, self.tool_stats)
+
+    def new_task(self) -> Task | ToolTask | None:
         c = self.cfg
         if self.stop.is_set():
             return None
@@ -112,11 +129,9 @@ class _Level:
             return None
         if self.limit is None and time.perf_counter() - self.t0 >= (c.duration_s or 0.0):
             return None
-        task = make_tasks(c.workload, 1, first_id=self.id_base + self.next_id)[0]
-        self.next_id += 1
-        return task
+        return self.make_task()
 
-    async def run_task(self, task: Task, scheduled_s: float) -> None:
+    async def run_task(self, task: Task | ToolTask, scheduled_s: float) -> None:
         while not self.stop.is_set() and (spec := task.next_spec()) is not None:
             rec = await stream_request(self.client, self.cfg.base_url, spec, t0=self.t0,
                                        scheduled_s=scheduled_s, timeout_s=self.cfg.timeout_s,
@@ -158,10 +173,9 @@ class _Level:
 
         await asyncio.gather(*(arrival(float(t)) for t in times))
 
-    def _open_task(self) -> Task | None:
+    def _open_task(self) -> Task | ToolTask | None:
         # duration-bounded open loop: the arrival count already bounds it, so ignore the clock
-        task = make_tasks(self.cfg.workload, 1, first_id=self.id_base + self.next_id)[0]
-        self.next_id += 1
+        task = self.make_task()
         return None if self.stop.is_set() else task
 
 
@@ -175,7 +189,8 @@ async def _run_level(cfg: LoadConfig, conc: int, client: httpx.AsyncClient, serv
             await level.closed_loop()
     finally:
         duration = time.perf_counter() - level.t0
-    return LevelResult(conc, records, duration, level.partial_reason)
+    tools = level.tool_stats.summary() if level.tool_stats is not None else None
+    return LevelResult(conc, records, duration, level.partial_reason, tools)
 
 
 def run_load(

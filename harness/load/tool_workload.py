@@ -18,9 +18,10 @@ parse / validation rates the report prints. A reply without a valid call still a
 Streaming replies carry calls as deltas; `fold_tool_call_deltas` assembles them by `index` the
 way the OpenAI client does (name and id from the first delta of an index, arguments concatenated).
 
-Not wired into runner.py yet: the runner needs (a) the client to keep ``delta.tool_calls`` (and
-``message.tool_calls``) on the RequestRecord, and (b) a `--workload tools` choice building
-`ToolTask`s instead of `Task`s; `observe(rec, tool_calls)` takes the calls explicitly until then.
+`g4bench serve-load --workload tools` runs it (runner.py builds `ToolTask`s, one `ToolCallStats`
+per concurrency level, reported as `tool_calls` in the level summary). Replies are streamed with
+`return_token_ids`, so every token arrives as its own chunk and TTFT / ITL keep their meaning even
+though a call's delta is emitted whole when its closing marker arrives.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 
 import jsonschema
 
+from g4bench.server.chat_tools import render_tools_prompt
 from harness.load.client import RequestRecord, RequestSpec
 
 _STR = {"type": "string", "maxLength": 16}
@@ -82,6 +84,11 @@ class CallCheck:
     parsed: bool
     valid: bool
     error: str | None = None
+
+
+def tools_prompt_tokens(tools: Sequence[dict] = TOOLS) -> int:
+    """Prompt tokens the tool declarations add under the synthetic (one id per character) tokenizer."""
+    return len(render_tools_prompt([], tools))
 
 
 def check_calls(tool_calls: Sequence[dict], tools: Sequence[dict] = TOOLS) -> CallCheck:
@@ -172,12 +179,15 @@ class ToolTask:
             return None
         body = {"model": cfg.model, "messages": json.loads(json.dumps(self.messages)), "tools": TOOLS,
                 "tool_choice": self.tool_choice(), "parallel_tool_calls": False, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
+                "return_token_ids": True,
                 "seed": cfg.seed * 7919 + self.task_id * 131 + self.turn}  # fmt: skip
         return RequestSpec("/v1/chat/completions", body, request_id=f"tool{self.task_id}-{self.turn}",
                            agent_id=self.agent_id, task_id=self.task_id, turn=self.turn)  # fmt: skip
 
-    def observe(self, rec: RequestRecord, tool_calls: Sequence[dict]) -> str | None:
-        """Check the reply's calls, "execute" them and append the results; advance the turn."""
+    def observe(self, rec: RequestRecord) -> str | None:
+        """Check the reply's calls (folded from its streamed deltas), "execute" them and append the
+        results; advance the turn."""
+        tool_calls = fold_tool_call_deltas(rec.tool_call_deltas)
         self.stats.add(check_calls(tool_calls))
         self.turn += 1
         calls = [c for c in tool_calls if c.get("id")]

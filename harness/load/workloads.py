@@ -29,14 +29,14 @@ Two transports (`api`):
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
 from harness.load.client import RequestRecord, RequestSpec
 
-Kind = Literal["fixed", "agent", "shared-prefix"]
+Kind = Literal["fixed", "agent", "shared-prefix", "tools"]  # tools: harness/load/tool_workload.py
 Api = Literal["auto", "tokens", "chat"]  # "auto": the runner probes and picks one
 # Token ids drawn for synthetic prompts: printable ASCII in the synthetic tokenizer (char c -> ord(c)+3),
 # ordinary ids in any real vocabulary too.
@@ -55,6 +55,9 @@ class WorkloadConfig:
     prefix_len: int = 0  # shared system prompt tokens (shared-prefix only)
     seed: int = 0
     ignore_eos: bool = True
+    # Fixed workload: every request constrained to this JSON Schema (`response_format` json_schema);
+    # the grammar ends the reply, so ignore_eos / min_tokens are left out of those requests.
+    json_schema: dict | None = field(default=None, hash=False)
 
     @property
     def turns_per_task(self) -> int:
@@ -64,6 +67,10 @@ class WorkloadConfig:
     def max_context(self) -> int:
         """Largest prompt + output any request of this workload needs (sizes the server's max_len)."""
         t = self.turns_per_task
+        if self.kind == "tools":
+            from harness.load.tool_workload import tools_prompt_tokens
+
+            return tools_prompt_tokens() + self.input_len + t * (self.output_len + self.tool_result_tokens)
         return (
             self.prefix_len
             + self.input_len
@@ -115,7 +122,10 @@ class Task:
         if self.turn >= cfg.turns_per_task:
             return None
         body: dict = {"model": cfg.model, "max_tokens": cfg.output_len, "temperature": 0.0}
-        if cfg.ignore_eos:
+        if cfg.json_schema is not None:
+            body["response_format"] = {"type": "json_schema",
+                                       "json_schema": {"name": "fixed", "schema": cfg.json_schema, "strict": True}}  # fmt: skip
+        elif cfg.ignore_eos:
             body.update(ignore_eos=True, min_tokens=cfg.output_len)
         rid = f"t{self.task_id}-{self.turn}"
         turn = None if cfg.kind == "fixed" else self.turn

@@ -34,6 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from g4bench.engine.logprobs import TokenLogprob
 from g4bench.engine.scheduler import GenerationParams, RequestResult, Scheduler
 from g4bench.engine.virtual_engine import VirtualClock, VirtualEngine
 from harness.load.client import RequestRecord, RequestSpec
@@ -78,8 +79,8 @@ class _Sink:
     scheduled_s: float
     submitted_s: float  # when the scheduler saw it (after the engine call in progress at send_s)
 
-    def on_token(self, token: int) -> bool:
-        return False
+    def on_token(self, token: int, logprob: TokenLogprob | None = None) -> bool:
+        return False  # the simulated client takes token times from RequestResult, never stops early
 
     def on_finish(self, result: RequestResult) -> None:
         self.level.finished(self, result)

@@ -20,6 +20,13 @@ def call(cid: str, name: str, args: dict | str) -> dict:
     return {"id": cid, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
+def reply_record(calls: list[dict], text: str = "") -> RequestRecord:
+    """A streamed reply's record: each call as one `delta.tool_calls` entry with its index."""
+    rec = RequestRecord("r", "/v1/chat/completions", text=text)
+    rec.tool_call_deltas = [{"index": i, **c} for i, c in enumerate(calls)]
+    return rec
+
+
 def test_turns_force_calls_and_append_results_of_the_configured_size():
     (task,), stats = make_tool_tasks(ToolWorkloadConfig(turns=3, tool_result_tokens=200, named=True), 1)
     first = task.next_spec()
@@ -29,7 +36,7 @@ def test_turns_force_calls_and_append_results_of_the_configured_size():
         call("c0", "get_weather", {"city": "Oslo"}),
         call("c1", "get_weather", {"city": "Rome", "unit": "celsius"}),
     ]
-    assert task.observe(RequestRecord("r", "/v1/chat/completions"), reply) is None
+    assert task.observe(reply_record(reply)) is None
     second = task.next_spec()
     msgs = second.body["messages"]
     assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "tool"]
@@ -39,11 +46,9 @@ def test_turns_force_calls_and_append_results_of_the_configured_size():
         len(m["content"]) == 200 and json.loads(m["content"])["tool"] == "get_weather" for m in msgs[2:]
     )
     assert second.body["tool_choice"]["function"]["name"] == "search_docs"
-    task.observe(
-        RequestRecord("r", "/v1/chat/completions"), [call("c2", "search_docs", {"query": "x", "limit": 99})]
-    )
+    task.observe(reply_record([call("c2", "search_docs", {"query": "x", "limit": 99})]))
     task.next_spec()
-    task.observe(RequestRecord("r", "/v1/chat/completions", text="no call"), [])
+    task.observe(reply_record([], text="no call"))
     assert task.next_spec() is None
     assert stats.summary() == {"replies": 3, "call_rate": 2 / 3, "parse_rate": 2 / 3, "valid_rate": 1 / 3,
                                "first_errors": ["search_docs: 99 is greater than the maximum of 20",

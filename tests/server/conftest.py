@@ -55,27 +55,37 @@ def fake_app():
         sched.stop()
 
 
-@pytest.fixture
-def live_server():
-    """serve(app) -> base URL "http://127.0.0.1:PORT"; stopped at teardown."""
+def start_server(app):
+    """(base URL "http://127.0.0.1:PORT", stop()) for uvicorn serving `app` in a thread."""
     from g4bench.server.transport import make_server
 
-    running = []
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = make_server(app, log_level="warning")  # `serve`'s transport: limits and timeouts
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
 
-    def serve(app) -> str:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        server = make_server(app, log_level="warning")  # `serve`'s transport: limits and timeouts
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-        running.append((server, thread, sock))
-        wait_until(lambda: server.started or not thread.is_alive(), what="uvicorn startup")
-        assert server.started, "uvicorn failed to start"
-        return f"http://127.0.0.1:{port}"
-
-    yield serve
-    for server, thread, sock in running:
+    def stop() -> None:
         server.should_exit = True
         thread.join(DEADLINE_S)
         sock.close()
+
+    wait_until(lambda: server.started or not thread.is_alive(), what="uvicorn startup")
+    assert server.started, "uvicorn failed to start"
+    return f"http://127.0.0.1:{port}", stop
+
+
+@pytest.fixture
+def live_server():
+    """serve(app) -> base URL "http://127.0.0.1:PORT"; stopped at teardown."""
+    stops = []
+
+    def serve(app) -> str:
+        url, stop = start_server(app)
+        stops.append(stop)
+        return url
+
+    yield serve
+    for stop in stops:
+        stop()

@@ -336,17 +336,12 @@ CASES: list[tuple] = [
 # Every unsupported field with a value that asks for something: a 400 naming it; with its no-op
 # value: accepted.
 ASKS = {
-    "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
-    "tool_choice": "auto",
     "functions": [{"name": "f"}],
     "function_call": "auto",
-    "response_format": {"type": "json_object"},
     "guided_json": {"type": "object"},
     "guided_regex": "a+",
     "guided_choice": ["a"],
     "guided_grammar": "root ::= a",
-    "logprobs": True,
-    "top_logprobs": 3,
     "prompt_logprobs": 1,
     "echo": True,
     "best_of": 2,
@@ -363,7 +358,8 @@ for _name, _value in ASKS.items():
     CASES.append((f"unsupported {_name}", CHAT, chat(**{_name: _value}), 400, [_name], _name))
     for _noop in (None, *UNSUPPORTED[_name]):
         CASES.append((f"{_name}={_noop!r} (edge)", COMP, comp(**{_name: _noop}), 200, [], None))
-CASES.append(("logprobs 0 is not false", COMP, comp(logprobs=0), 400, ["logprobs"], "logprobs"))
+CASES.append(("logprobs true is not a count", COMP, comp(logprobs=True), 400, ["logprobs"], "logprobs"))
+CASES.append(("top_logprobs 21", CHAT, chat(logprobs=True, top_logprobs=21), 400, ["top_logprobs"], "top_logprobs"))
 
 
 @pytest.fixture
