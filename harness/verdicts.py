@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from harness.results import is_failure
+from harness.tables import fitted_table
 
 # (effect name, case field varied, reference value, variant values)
 EFFECTS: tuple[tuple[str, str, Any, tuple[Any, ...]], ...] = (
@@ -162,28 +163,22 @@ def _verdict_text(r: dict[str, Any]) -> str:
 def render_verdicts(ratios: Sequence[dict[str, Any]], summary: dict[str, Any] | None, console: Any) -> None:
     """One 80-column table per effect: comparison, ratio, 95% CI, the 2×IQR rule, verdict; then the
     host and A/A lines of the run summary."""
-    from rich import box
-    from rich.table import Table
 
     for effect, title in _EFFECT_TITLES.items():
         rows = [r for r in ratios if r["effect"] == effect]
         if not rows:
             continue
-        table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-        table.add_column("comparison", no_wrap=True, overflow="fold")
-        table.add_column("ratio", justify="right", no_wrap=True)
-        table.add_column("95% CI", justify="right", no_wrap=True)
-        table.add_column("2×IQR", no_wrap=True)
-        table.add_column("verdict", no_wrap=True)
-        for r in rows:
-            table.add_row(
+        cells = [
+            [
                 r["name"] if effect == "ple" else r["name"].split("/", 1)[1],
                 f"{r['ratio']:.3f}",
                 f"{r['ci95_lo']:.3f}–{r['ci95_hi']:.3f}",
                 "real" if r["rule_2iqr"] == "real" else "noise",
                 _verdict_text(r),
-            )
-        console.print(table)
+            ]
+            for r in rows
+        ]
+        console.print(fitted_table(title, ["comparison", "ratio", "95% CI", "2×IQR", "verdict"], cells))
     if ratios:
         floor = ratios[0]["floor_pct"]
         console.print(
@@ -220,28 +215,22 @@ def render_host(summary: dict[str, Any], console: Any) -> None:
 
 def render_summary(measurements: Sequence[dict[str, Any]], console: Any) -> None:
     """Per-point 80-column table: median, its 95% CI half-width, rel IQR, tok/s, flagged samples."""
-    from rich import box
-    from rich.table import Table
 
-    table = Table(
-        title="decode step per configuration (ms)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
-    )
-    table.add_column("configuration", no_wrap=True, overflow="fold")
-    for col in ("median", "±CI%", "IQR%", "tok/s", "busy"):
-        table.add_column(col, justify="right", no_wrap=True)
-    for r in measurements:
-        if is_failure(r):
-            table.add_row(r["name"], f"[red]{r['failure']['kind']}[/red]", "", "", "", "")
-            continue
-        table.add_row(
+    cells = [
+        [r["name"], f"[red]{r['failure']['kind']}[/red]", "", "", "", ""]
+        if is_failure(r)
+        else [
             r["name"],
             f"{r['step_ms_median']:.2f}",
             f"{r['step_ci95_half_width_pct']:.2f}",
             f"{r['step_rel_iqr_pct']:.1f}",
             f"{r['agg_tok_per_s']:.1f}",
             f"{r['contaminated_samples']}/{r['n_samples']}",
-        )
-    console.print(table)
+        ]
+        for r in measurements
+    ]
+    header = ["configuration", "median", "±CI%", "IQR%", "tok/s", "busy"]
+    console.print(fitted_table("decode step per configuration (ms)", header, cells))
     console.print(
         "[dim]±CI%: half-width of the median's 95% CI (bootstrap over rounds and samples); busy: samples "
         "taken while other processes used the CPU. Full names and every field: summary.csv[/dim]"

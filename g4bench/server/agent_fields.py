@@ -90,6 +90,9 @@ class ChatAgentFields(_Lenient):
     response_format: ResponseFormat | None = None
     logprobs: StrictBool = False
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+    # g4bench extension (as `return_token_ids`): tokens the model may spend inside Gemma's
+    # `<|channel>thought ... <channel|>` before the channel is closed for it (g4bench/engine/thinking.py)
+    thinking_budget: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatAgentFields:

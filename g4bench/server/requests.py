@@ -38,6 +38,7 @@ from starlette.requests import ClientDisconnect, Request
 from g4bench.engine.grammar import GrammarError, compile_grammar
 from g4bench.engine.sampling import SamplingParams
 from g4bench.engine.scheduler import GenerationParams
+from g4bench.engine.thinking import ThinkingCap
 from g4bench.server import protocol as p
 from g4bench.server.agent_vocab import AgentVocab, AgentVocabError
 from g4bench.server.chat import ChatFormatter, TemplateError
@@ -182,6 +183,15 @@ class Preparer:
             if constraint is not None and (params.ignore_eos or params.min_tokens):
                 # the grammar ends the reply with EOS; banning or ignoring it has no valid continuation
                 raise APIError(400, f"{param} cannot be combined with ignore_eos or min_tokens", param=param)
+        budget = body.thinking_budget if isinstance(body, p.ChatCompletionRequest) else None
+        if budget is not None:
+            # the cap watches for a channel the model opens and closes it past the budget; a grammar,
+            # if any, rules from the first token (it excludes `<|channel>`), as in ThinkingCap's docstring
+            try:
+                vocab = self.vocab.grammar()
+            except AgentVocabError as exc:
+                raise APIError(400, str(exc), param="thinking_budget") from exc
+            return replace(params, constraint=ThinkingCap(vocab, budget, then=constraint), logprobs=k)
         return replace(params, constraint=constraint, logprobs=k)
 
     def _check_size(self, data: dict, param: str) -> None:

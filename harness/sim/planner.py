@@ -148,25 +148,29 @@ def run_fleet(target: Target, workload: Any, slo: Any, knobs: list[Knobs], agent
 
 
 def print_fleet(rows: list[tuple[Sizing, dict[str, Any]]], target: Target, agents: int, console: Any) -> None:
-    from rich.table import Table
+    """Two tables that fit an 80-column log (sizing and cost; latency at the ceiling), then one line
+    per knob setting saying what binds."""
+    from harness.tables import fitted_table
 
     for line in target.assumptions:
         console.print(f"  assumption: {line}", soft_wrap=True)
-    t = Table(title=f"plan · {target.id} · {agents} agents", title_justify="left")
-    for col in ("knobs", "mem ceiling", "agents/chip", "chips", "TPOT p50", "TPOT p99", "TTFT p50", "tok/s/chip",
-                "$/M out tok", "$/agent-h", "binding"):  # fmt: skip
-        t.add_column(col, justify="left" if col in ("knobs", "binding") else "right")
+
+    def f(v: Any, nd: int = 1) -> str:
+        return "—" if v is None else f"{v:.{nd}f}"
+
+    sizing, latency = [], []
     for s, c in rows:
         top = s.at_ceiling.summary if s.at_ceiling else {}
-
-        def f(v: Any, nd: int = 1) -> str:
-            return "—" if v is None else f"{v:.{nd}f}"
-
-        t.add_row(s.knobs.label, str(s.memory_ceiling), str(s.agents_per_chip), str(c["chips"] or "—"),
-                  f(top.get("median_tpot_ms")), f(top.get("p99_tpot_ms")), f(top.get("median_ttft_ms")),
-                  f(c["output_tok_per_s_per_chip"], 0), f(c["usd_per_m_output_tokens"], 3), f(c["usd_per_agent_hour"], 4),
-                  s.binding)  # fmt: skip
-    console.print(t)
+        sizing.append([s.knobs.label, str(s.memory_ceiling), str(s.agents_per_chip), str(c["chips"] or "—"),
+                       f(c["usd_per_m_output_tokens"], 3), f(c["usd_per_agent_hour"], 4)])  # fmt: skip
+        latency.append([s.knobs.label, f(top.get("median_tpot_ms")), f(top.get("p99_tpot_ms")),
+                        f(top.get("median_ttft_ms")), f(c["output_tok_per_s_per_chip"], 0)])  # fmt: skip
+    console.print(fitted_table(f"plan · {target.id} · {agents} agents: sizing and cost",
+                               ["knobs", "mem ceiling", "agents/chip", "chips", "$/M out tok", "$/agent-h"], sizing))  # fmt: skip
+    console.print(fitted_table("at the agents-per-chip ceiling (ms)",
+                               ["knobs", "TPOT p50", "TPOT p99", "TTFT p50", "tok/s/chip"], latency))  # fmt: skip
+    for s, _ in rows:
+        console.print(f"  {s.knobs.label} binds on: {s.binding}", soft_wrap=True)
 
 
 def fleet_json(rows: list[tuple[Sizing, dict[str, Any]]], target: Target, agents: int) -> dict[str, Any]:

@@ -80,3 +80,22 @@ def test_rounds_to_settle_and_bad_input():
         compare_rounds([[1.0]], [[1.0], [2.0]])
     with pytest.raises(ValueError, match="at least one sample"):
         median_ci([[1.0], []])
+
+
+def test_fitted_table_folds_long_names_and_keeps_every_figure_whole():
+    """Verdict and per-configuration tables in an 80-column log: a long configuration name folds
+    onto a second line; no figure or verdict is cut to "…" (it once printed "ra…" and "medi…")."""
+    import io
+
+    from rich.console import Console
+
+    from harness.tables import fitted_table
+
+    name = "ple-bf16/kv-bf16/copying/paged/b32/ctx8192/with/a/very/long/tail"
+    cells = [[name, "1.807", "1.169–2.036", "noise", "inconclusive (+100r)"]] * 3
+    out = io.StringIO()
+    Console(file=out, width=80).print(fitted_table("t", ["comparison", "ratio", "95% CI", "2×IQR", "verdict"], cells))
+    text = out.getvalue()
+    assert "…" not in text and all(len(line) <= 80 for line in text.splitlines())
+    assert text.count("inconclusive (+100r)") == 3 and text.count("1.169–2.036") == 3
+    assert "".join(line.split()[0] for line in text.splitlines()[4:6]).startswith(name[:40])

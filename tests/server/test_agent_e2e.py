@@ -127,6 +127,20 @@ def test_json_object(server):
         assert isinstance(json.loads(msg["content"]), dict)
 
 
+def test_thinking_budget_wraps_the_grammar_and_is_validated(server):
+    """`thinking_budget` puts a ThinkingCap in front of the request's grammar (its closing rules are
+    tested in tests/engine/test_thinking.py): the reply still parses under the schema, temperature 1;
+    a budget below 1 is a 400 naming the field."""
+    url, _ = server
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMAS[0], "strict": True}}
+    for stream in (False, True):
+        msg, _ = post_chat(url, chat_body(response_format=fmt, thinking_budget=8, temperature=1.0, seed=11,
+                                          stream=stream))  # fmt: skip
+        jsonschema.validate(json.loads(msg["content"]), SCHEMAS[0])
+    r = httpx.post(f"{url}/v1/chat/completions", json=chat_body(thinking_budget=0), timeout=DEADLINE_S)
+    assert r.status_code == 400 and "thinking_budget" in r.text
+
+
 def test_strict_schema_the_grammar_cannot_enforce_is_a_400(server):
     url, _ = server
     fmt = {"type": "json_schema", "json_schema": {"schema": {"type": "object", "oneOf": [{}, {}]}, "strict": True}}

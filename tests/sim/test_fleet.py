@@ -99,3 +99,28 @@ def test_pricer_uses_each_programs_fit_and_says_so():
     none = StepPricer(cfg, fmt, both.layout, None, peak_bytes_per_s=1e9, peak_flop_per_s=1e12)
     cost = none.cost(EngineCall("decode", 2, 1, 64))
     assert none(EngineCall("decode", 2, 1, 64)) == pytest.approx(max(cost.bytes / 1e9, cost.flops / 1e12))
+
+
+def test_fleet_tables_fit_80_columns() -> None:
+    """`plan`'s fleet output in an 80-column log: every figure whole (nothing cut to "…"), and what
+    binds on its own line per knob setting."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from harness.sim.planner import print_fleet
+
+    top = SimpleNamespace(summary={"median_tpot_ms": 13.94, "p99_tpot_ms": 17.1, "median_ttft_ms": 766.2})
+    sizing = SimpleNamespace(knobs=SimpleNamespace(label="kv-bf16/ring/slots=agents"), memory_ceiling=490,
+                             agents_per_chip=58, at_ceiling=top,
+                             binding="SLO: TTFT (0.5% miss it; task attainment 0.898 < 0.9 at the next agent count)")  # fmt: skip
+    cost = {"chips": 2, "usd_per_m_output_tokens": 0.1641, "usd_per_agent_hour": 0.02331, "output_tok_per_s_per_chip": 2280.4}
+    out = io.StringIO()
+    print_fleet([(sizing, cost)] * 4, SimpleNamespace(id="tpu-v6e", assumptions=["profile tpu-v6e"]), 64,
+                Console(file=out, width=80))  # fmt: skip
+    text = out.getvalue()
+    tables = [line for line in text.splitlines() if not line.startswith("  ")]
+    assert "…" not in "\n".join(tables) and all(len(line) <= 80 for line in tables)
+    assert text.count("0.0233") == 4 and text.count("2280") == 4 and text.count("766.2") == 4
+    assert text.count("binds on: SLO: TTFT") == 4
