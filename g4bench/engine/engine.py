@@ -162,6 +162,19 @@ def default_tables(cfg: ModelConfig, ecfg: EngineConfig, layout: CacheLayout) ->
     return tables
 
 
+def check_prefill(ecfg: EngineConfig, slot: int, tokens: Sequence[int], start: int) -> int:
+    """The number of tokens of a valid `prefill` call; ValueError naming what is out of range.
+    Shared with the simulator's stand-in (virtual_engine.py) so both refuse the same calls."""
+    n = len(tokens)
+    if not 0 < n <= ecfg.chunk_size:
+        raise ValueError(f"prefill chunk of {n} tokens; must be 1..{ecfg.chunk_size}")
+    if not 0 <= slot < ecfg.max_slots:
+        raise ValueError(f"slot {slot} out of range 0..{ecfg.max_slots - 1}")
+    if start < 0 or start + n > ecfg.max_len:
+        raise ValueError(f"positions {start}..{start + n - 1} exceed max_len {ecfg.max_len}")
+    return n
+
+
 def bucket_for(n: int, buckets: Sequence[int]) -> int:
     for b in buckets:
         if n <= b:
@@ -246,13 +259,7 @@ class Engine:
     ) -> int | None:
         """Write `tokens` (1..chunk_size) at positions start.. of `slot`. With `sampling`, install it
         for the slot and return the next token sampled from the last position."""
-        n = len(tokens)
-        if not 0 < n <= self.ecfg.chunk_size:
-            raise ValueError(f"prefill chunk of {n} tokens; must be 1..{self.ecfg.chunk_size}")
-        if not 0 <= slot < self.ecfg.max_slots:
-            raise ValueError(f"slot {slot} out of range 0..{self.ecfg.max_slots - 1}")
-        if start < 0 or start + n > self.ecfg.max_len:
-            raise ValueError(f"positions {start}..{start + n - 1} exceed max_len {self.ecfg.max_len}")
+        n = check_prefill(self.ecfg, slot, tokens, start)
         if sampling is not None:
             self.sampling = self.sampling.with_slot(slot, sampling)
         chunk = bucket_for(n, self.ecfg.chunk_buckets)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from g4bench.engine.engine import Engine, EngineConfig, bucket_for, default_tables
+from g4bench.engine.engine import Engine, EngineConfig, bucket_for, check_prefill, default_tables
 from g4bench.engine.sampling import SamplingParams
 from g4bench.model.config import ModelConfig
 
@@ -95,13 +95,7 @@ class VirtualEngine:
     def prefill(
         self, slot: int, tokens: Sequence[int], start: int, sampling: SamplingParams | None = None
     ) -> int | None:
-        n = len(tokens)
-        if not 0 < n <= self.ecfg.chunk_size:
-            raise ValueError(f"prefill chunk of {n} tokens; must be 1..{self.ecfg.chunk_size}")
-        if not 0 <= slot < self.ecfg.max_slots:
-            raise ValueError(f"slot {slot} out of range 0..{self.ecfg.max_slots - 1}")
-        if start < 0 or start + n > self.ecfg.max_len:
-            raise ValueError(f"positions {start}..{start + n - 1} exceed max_len {self.ecfg.max_len}")
+        n = check_prefill(self.ecfg, slot, tokens, start)
         chunk = bucket_for(n, self.ecfg.chunk_buckets)
         self._run(EngineCall("prefill", 1, chunk, bucket_for(start + n, self.ecfg.kv_buckets)))
         return self._token if sampling is not None else None
