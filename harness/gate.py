@@ -262,36 +262,29 @@ def gate_runs(
 
 def render_report(report: GateReport, console: Any) -> None:
     """The rich table: metric, baseline, current, ratio, noise, verdict; then the outcome line."""
-    from rich.table import Table
+    from harness.tables import fitted_table
 
-    table = Table(
-        title=f"gate (floor {report.floor:.0%}; real = |ratio − 1| > 2 × noise)", title_justify="left"
-    )
-    # names fold onto further lines rather than being cut at 80 columns; the figures never wrap
-    table.add_column("configuration", overflow="fold")
-    table.add_column("metric", overflow="fold")
-    table.add_column("better", no_wrap=True)
-    for col in ("baseline", "current", "ratio", "2×noise"):
-        table.add_column(col, justify="right", no_wrap=True)
-    table.add_column("verdict", no_wrap=True)
     styles = {
         "regression": "bold red",
         "improved": "green",
         "below floor": "yellow",
         "baseline failed": "dim",
     }
+    cells = []
     for r in report.rows:
         style = "bold red" if r.regression else styles.get(r.status, "")
-        table.add_row(
+        cells.append([
             f"{r.kind}/{r.name}",
-            r.metric,
-            r.direction,
+            f"{r.metric} ({r.direction} is better)",
             "" if r.baseline is None else f"{r.baseline:.4g}",
             "" if r.current is None else f"{r.current:.4g}",
             "" if r.ratio is None else f"{r.ratio:.3f}",
             "" if r.noise is None else f"±{2 * r.noise:.1%}",
             f"[{style}]{r.status}[/{style}]" if style else r.status,
-        )
+        ])  # fmt: skip
+    header = ["configuration", "metric", "baseline", "current", "ratio", "2×noise", "verdict"]
+    title = f"gate (floor {report.floor:.0%}; real = |ratio − 1| > 2 × noise)"
+    table = fitted_table(title, header, cells, folding=2)
     console.print(table)
     for label, names in (
         ("only in baseline", report.only_in_baseline),
