@@ -175,6 +175,15 @@ def check_prefill(ecfg: EngineConfig, slot: int, tokens: Sequence[int], start: i
     return n
 
 
+def decode_kv_len(ecfg: EngineConfig, positions: np.ndarray, active: np.ndarray) -> int:
+    """The KV bucket a decode step over `active` slots at `positions` reads; ValueError past max_len.
+    Shared with the simulator's stand-in (virtual_engine.py) so both price the same shape."""
+    top = int(positions[active].max()) + 1 if active.any() else 1
+    if top > ecfg.max_len:
+        raise ValueError(f"decode position {top - 1} exceeds max_len {ecfg.max_len}")
+    return bucket_for(top, ecfg.kv_buckets)
+
+
 def bucket_for(n: int, buckets: Sequence[int]) -> int:
     for b in buckets:
         if n <= b:
@@ -284,10 +293,7 @@ class Engine:
         """One step for every slot: feed tokens[i] at positions[i] where active[i]; returns i32[max_slots]."""
         active = np.asarray(active, bool)
         positions = np.asarray(positions, np.int32)
-        top = int(positions[active].max()) + 1 if active.any() else 1
-        if top > self.ecfg.max_len:
-            raise ValueError(f"decode position {top - 1} exceeds max_len {self.ecfg.max_len}")
-        kv_len = bucket_for(top, self.ecfg.kv_buckets)
+        kv_len = decode_kv_len(self.ecfg, positions, active)
         self.cache, logits, nxt = self._decode(
             self.params,
             self.cache,
@@ -306,9 +312,7 @@ class Engine:
         device, not yet computed when this returns) for `sample_logits` and `logprobs`."""
         active = np.asarray(active, bool)
         positions = np.asarray(positions, np.int32)
-        top = int(positions[active].max()) + 1 if active.any() else 1
-        if top > self.ecfg.max_len:
-            raise ValueError(f"decode position {top - 1} exceeds max_len {self.ecfg.max_len}")
+        kv_len = decode_kv_len(self.ecfg, positions, active)
         self.cache, logits = self._forward(
             self.params,
             self.cache,
@@ -316,7 +320,7 @@ class Engine:
             jnp.asarray(positions),
             jnp.asarray(active),
             {g: jnp.asarray(t.copy()) for g, t in self.tables.items()},
-            kv_len=bucket_for(top, self.ecfg.kv_buckets),
+            kv_len=kv_len,
         )
         self.last_logits = logits
         return logits

@@ -27,7 +27,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from g4bench.engine.engine import Engine, EngineConfig, bucket_for, check_prefill, default_tables
+from g4bench.engine.engine import (
+    Engine,
+    EngineConfig,
+    bucket_for,
+    check_prefill,
+    decode_kv_len,
+    default_tables,
+)
 from g4bench.engine.sampling import SamplingParams
 from g4bench.model.config import ModelConfig
 
@@ -103,10 +110,7 @@ class VirtualEngine:
     def decode(self, tokens: np.ndarray, positions: np.ndarray, active: np.ndarray) -> np.ndarray:
         active = np.asarray(active, bool)
         positions = np.asarray(positions, np.int32)
-        top = int(positions[active].max()) + 1 if active.any() else 1
-        if top > self.ecfg.max_len:
-            raise ValueError(f"decode position {top - 1} exceeds max_len {self.ecfg.max_len}")
-        kv_len = bucket_for(top, self.ecfg.kv_buckets)
+        kv_len = decode_kv_len(self.ecfg, positions, active)
         self._run(EngineCall("decode", self.ecfg.max_slots, 1, kv_len, int(active.sum())))
         return np.full(self.ecfg.max_slots, self._token, np.int32)
 
