@@ -98,29 +98,27 @@ def measure_child(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_engine_steps(settings: EngineStepsSettings, out: Path, argv: list[str], console: Any) -> list[dict]:
-    """One child per engine shape; writes results.jsonl, summary.csv, command.txt, env.json."""
-    from harness.env import host_env, merge_device
-    from harness.isolate import run_isolated
-    from harness.results import append_record, make_record, write_command, write_env, write_summary
+    """One child per (max_slots, max_len) engine, on the shared run lifecycle (harness/run.py):
+    command.txt and env.json up front, each record appended as it arrives, summary.csv at the end."""
+    from harness.results import write_summary
+    from harness.run import failure_line, open_run
 
-    out.mkdir(parents=True, exist_ok=True)
-    write_command(out, argv)
     base = asdict(settings)
-    env = host_env(base)
+    run = open_run(out=out, results_root=out.parent, short_name="engine-steps", argv=argv, settings=base,
+                   identity=base, device=None, timeout_s=settings.timeout_s, mem_limit_bytes=None)  # fmt: skip
     records: list[dict[str, Any]] = []
     for max_len in settings.max_lens:
         for slots in settings.slots:
             payload = {**base, "max_slots": slots, "max_len": max_len}
             console.print(f"engine-steps: {settings.model} max_slots {slots}, max_len {max_len} …")
-            res = run_isolated("harness.engine_steps:measure_child", payload, settings.timeout_s)
-            renv = merge_device(env, res)
+            tag = f"engine/slots{slots}/len{max_len}"
+            res = run.child("harness.engine_steps:measure_child", payload, tag)
             common = {k: payload[k] for k in ("model", "kv_dtype", "sliding_kv", "kv_layout", "chunk_size")}
-            if "failure" in res:
-                rec = make_record(KIND, f"engine/slots{slots}/len{max_len}", run_id=out.name, env=renv,
-                                  config={**common, "max_slots": slots, "max_len": max_len}, failure=res["failure"])  # fmt: skip
-                append_record(out, rec)
-                records.append(rec)
-                console.print(f"  [red]failed: {res['failure']['kind']}: {res['failure']['detail']}[/red]")
+            failed = failure_line(tag, res)
+            if failed:
+                config = {**common, "max_slots": slots, "max_len": max_len}
+                records.append(run.append(run.record(KIND, tag, config, res, failure=res["failure"])))
+                console.print(failed)
                 continue
             for sh in res["shapes"]:
                 ms = sh["samples_ms"]
@@ -128,15 +126,13 @@ def run_engine_steps(settings: EngineStepsSettings, out: Path, argv: list[str], 
                        "max_slots": slots, "max_len": max_len, "program": sh["program"], "rows": sh["rows"],
                        "tokens": sh["tokens"], "kv_len": sh["kv_len"]}  # fmt: skip
                 name = f"{sh['program']}/slots{slots}/len{max_len}/T{sh['tokens']}/kv{sh['kv_len']}"
-                rec = make_record(KIND, name, run_id=out.name, env=renv, config=cfg,
-                                  step_ms_median=float(np.median(ms)), step_ms_q1=float(np.percentile(ms, 25)),
-                                  step_ms_q3=float(np.percentile(ms, 75)), step_ms_samples=ms,
-                                  compile_s=res["compile_s"])  # fmt: skip
-                append_record(out, rec)
+                rec = run.append(run.record(KIND, name, cfg, res, step_ms_median=float(np.median(ms)),
+                                            step_ms_q1=float(np.percentile(ms, 25)),
+                                            step_ms_q3=float(np.percentile(ms, 75)), step_ms_samples=ms,
+                                            compile_s=res["compile_s"]))  # fmt: skip
                 records.append(rec)
                 console.print(f"  {name}: {rec['step_ms_median']:.2f} ms")
-    write_env(out, {"env": env, "settings": base})
-    write_summary(out, records)
+    write_summary(run.path, records)
     return records
 
 

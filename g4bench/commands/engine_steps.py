@@ -27,7 +27,7 @@ def engine_steps(
     from rich.console import Console
 
     from harness.engine_steps import EngineStepsSettings, run_engine_steps
-    from harness.results import create_run_dir
+    from harness.results import create_run_dir, is_failure
 
     console = Console(stderr=True)
     settings = EngineStepsSettings(
@@ -36,7 +36,7 @@ def engine_steps(
     )  # fmt: skip
     run_dir = out or create_run_dir(Path("results"), "engine-steps")
     recs = run_engine_steps(settings, run_dir, ["g4bench", *sys.argv[1:]], console)
-    failed = sum("failure" in r for r in recs)
+    failed = sum(is_failure(r) for r in recs)
     console.print(
         f"{len(recs) - failed} shapes measured, {failed} failed; run folder: {run_dir}", soft_wrap=True
     )
