@@ -65,6 +65,14 @@ def serve_load(
     prefix_len: Annotated[
         int | None, typer.Option(help="Shared system-prompt tokens (shared-prefix workload).")
     ] = None,
+    lead_agent: Annotated[
+        bool,
+        typer.Option(
+            help="Shared-prefix, closed loop: the first agent's first turn runs alone and the others start "
+            "once it ended (the system prompt is cached, a running fleet's steady state); "
+            "--no-lead-agent starts every worker at once (a cold burst)."
+        ),
+    ] = True,
     rate: Annotated[
         float | None, typer.Option(help="Open loop: task arrivals per second (default: closed loop).")
     ] = None,
@@ -153,6 +161,7 @@ def serve_load(
         turns=turns if turns is not None else size.turns,
         tool_result_tokens=tool_result_tokens if tool_result_tokens is not None else size.tool_result_tokens,
         prefix_len=prefix_len if prefix_len is not None else size.prefix_len,
+        lead_agent=lead_agent,
         seed=seed,
         json_schema=schema,
         api="chat" if workload == "tools" else api,  # type: ignore[arg-type]
@@ -160,7 +169,9 @@ def serve_load(
     console.print(f"[bold]serve-load[/bold] {workload}: {size.reason}")
     console.print(
         f"  turns {wl.turns_per_task}, input {wl.input_len}, output {wl.output_len}, tool result "
-        f"{wl.tool_result_tokens}, shared prefix {wl.prefix_len}, max context {wl.max_context}"
+        f"{wl.tool_result_tokens}, shared prefix {wl.prefix_len}"
+        + (" (lead agent first)" if wl.kind == "shared-prefix" and wl.lead_agent and rate is None else "")
+        + f", max context {wl.max_context}"
     )
     try:
         objectives = load_slo(slo)

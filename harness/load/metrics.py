@@ -316,7 +316,7 @@ def prefix_reuse(
         new += shared_prefix
     rows = [t for t in turn_rows if t.get("median_ttft_ms")]
     first, last = (rows[0], rows[-1]) if len(rows) >= 2 else (None, None)
-    return {
+    return _first_turns(tasks) | {
         "prompt_tokens_total": prompt if known else None,
         "prompt_tokens_reused": cached if known else None,
         "prompt_tokens_computed": prompt - cached if known else None,
@@ -329,6 +329,18 @@ def prefix_reuse(
         "ttft_last_turn_over_first": last["median_ttft_ms"] / first["median_ttft_ms"]
         if first and last
         else None,
+    }
+
+
+def _first_turns(tasks: dict[int, list[RequestRecord]]) -> dict[str, Any]:
+    """First-turn TTFT of the task sent first (the lead, which computes a shared prefix) and the
+    median and max over every other task's first turn."""
+    firsts = sorted((rs[0] for rs in tasks.values() if rs and _turn(rs[0]) == 0), key=lambda r: r.send_s)
+    rest = [t for r in firsts[1:] if (t := ttft_ms(r)) is not None]
+    return {
+        "ttft_first_turn_lead_ms": ttft_ms(firsts[0]) if firsts else None,
+        "ttft_first_turn_rest_median_ms": float(np.median(rest)) if rest else None,
+        "ttft_first_turn_rest_max_ms": max(rest) if rest else None,
     }
 
 

@@ -268,6 +268,12 @@ def print_closing(console: Any, summary: dict[str, Any], run_dir: Path) -> None:
                 f"TTFT turn {lv.get('ttft_last_turn')} ÷ turn 0 = {_fmt(lv.get('ttft_last_turn_over_first'), 2)} "
                 f"({_fmt(lv.get('ttft_last_turn_ms'))} / {_fmt(lv.get('ttft_first_turn_ms'))} ms)"
             )
+        if lv.get("shared_prefix_tokens") and lv.get("ttft_first_turn_rest_max_ms") is not None:
+            console.print(
+                f"  c={c}: first-turn TTFT: first agent {_fmt(lv.get('ttft_first_turn_lead_ms'))} ms "
+                f"(computes the shared prefix), the others median "
+                f"{_fmt(lv.get('ttft_first_turn_rest_median_ms'))} / max {_fmt(lv.get('ttft_first_turn_rest_max_ms'))} ms"
+            )
         tools = lv.get("tool_calls")
         if tools is not None:
             console.print(

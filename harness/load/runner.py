@@ -131,13 +131,27 @@ class _Level:
             return None
         return self.make_task()
 
-    async def run_task(self, task: Task | ToolTask, scheduled_s: float) -> None:
+    async def run_task(
+        self, task: Task | ToolTask, scheduled_s: float, after_first: Callable[[], None] | None = None
+    ) -> None:
+        """The task's turns back to back; `after_first` is called once the first turn has ended
+        (whatever its outcome), and also when the task sends nothing."""
+        try:
+            await self._turns(task, scheduled_s, after_first)
+        finally:
+            if after_first is not None:
+                after_first()
+
+    async def _turns(self, task: Task | ToolTask, scheduled_s: float, after_first: Callable[[], None] | None) -> None:
         while not self.stop.is_set() and (spec := task.next_spec()) is not None:
             rec = await stream_request(self.client, self.cfg.base_url, spec, t0=self.t0,
                                        scheduled_s=scheduled_s, timeout_s=self.cfg.timeout_s,
                                        headers=self.headers)  # fmt: skip
             self.records.append(rec)
             self.on_record(rec)
+            if after_first is not None:
+                after_first()
+                after_first = None
             if not rec.ok:
                 if rec.error_kind == "connection" and not await alive(
                     self.client, self.cfg.base_url, self.server
@@ -150,12 +164,30 @@ class _Level:
                 return
             scheduled_s = time.perf_counter() - self.t0
 
-    async def closed_loop(self) -> None:
-        async def worker() -> None:
-            while (task := self.new_task()) is not None:
-                await self.run_task(task, time.perf_counter() - self.t0)
+    @property
+    def leads(self) -> bool:
+        """Whether one agent opens the level alone (shared-prefix workload with `lead_agent`)."""
+        wl = self.cfg.workload
+        return wl.kind == "shared-prefix" and wl.lead_agent and wl.prefix_len > 0
 
-        await asyncio.gather(*(worker() for _ in range(self.conc)))
+    async def closed_loop(self) -> None:
+        """c workers, each starting its next task when the last ends. With a lead agent, worker 0's
+        first turn runs alone and the other workers start when it has ended (the shared system
+        prompt is then in the server's cache, as in a fleet that is already running)."""
+        warm = asyncio.Event()
+        if not self.leads:
+            warm.set()
+
+        async def worker(i: int) -> None:
+            if i > 0:
+                await warm.wait()
+            lead = i == 0 and not warm.is_set()
+            while (task := self.new_task()) is not None:
+                await self.run_task(task, time.perf_counter() - self.t0, warm.set if lead else None)
+                lead = False
+            warm.set()
+
+        await asyncio.gather(*(worker(i) for i in range(self.conc)))
 
     async def open_loop(self) -> None:
         c = self.cfg

@@ -12,7 +12,10 @@ sees tasks: closed loop = `c` workers pulling tasks; open loop = tasks arriving 
   (defaults 500 → 7,796 over 20 turns). The tool result is random per task, so one agent's prefix is
   never reused by another.
 - shared-prefix: the agent workload where every task starts with the same `prefix_len`-token system
-  prompt (a server with prefix sharing computes it once).
+  prompt (a server with prefix sharing computes it once). In a closed loop the first agent's first
+  turn goes alone and the other workers start when it has ended (`lead_agent`, default): the fleet's
+  steady state, where the system prompt is already cached. Without it every worker starts at once
+  and those arriving with the first wait for its prefix prefill (the server never computes it twice).
 
 Two transports (`api`):
 - "tokens" (default; exact): POST /v1/completions with `prompt` as a list of token ids and
@@ -53,6 +56,9 @@ class WorkloadConfig:
     turns: int = 20
     tool_result_tokens: int = 320
     prefix_len: int = 0  # shared system prompt tokens (shared-prefix only)
+    # shared-prefix, closed loop: the first agent's first turn runs alone, the rest start once it has
+    # ended (the system prompt is cached: a running fleet's steady state, not a cold burst)
+    lead_agent: bool = True
     seed: int = 0
     ignore_eos: bool = True
     # Fixed workload: every request constrained to this JSON Schema (`response_format` json_schema);

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -224,3 +225,28 @@ def test_open_loop_records_client_queue_time() -> None:
     assert all(r.ok for r in recs) and len(recs) == 4
     # one slot, ~200 ms per request, arrivals ~10 ms apart: later arrivals wait for the slot
     assert recs[-1].queue_s > 0.3 and all(r.send_s >= r.scheduled_s for r in recs)
+
+
+@pytest.mark.parametrize("lead", [True, False])
+def test_shared_prefix_lead_agent_opens_the_level(lead: bool, tmp_path: Path) -> None:
+    """With a lead agent, every other task is sent only after the lead's first turn ended; without
+    one, every worker sends at once. The first-turn TTFT split is reported either way."""
+    with ThreadServer(Script()) as srv:
+        cfg = cfg_for(srv.url, kind="shared-prefix", conc=[3], num_tasks=3, turns=2)
+        cfg.workload = replace(cfg.workload, prefix_len=10, lead_agent=lead)
+        result = run_load(cfg)
+        summary = report.write_run(result, tmp_path, {"run_id": "t", "argv": ["x"], "model_name": MODEL,
+                                                      "env": _env()})  # fmt: skip
+    recs = result.levels[0].records
+    assert all(r.ok for r in recs) and len(recs) == 6
+    firsts = sorted((r for r in recs if r.turn == 0), key=lambda r: r.send_s)
+    lead_end = firsts[0].end_s
+    assert lead_end is not None
+    others = [r.send_s for r in firsts[1:]]
+    if lead:
+        assert min(others) >= lead_end
+    else:
+        assert max(others) < lead_end  # all three sent at once, before any reply ended
+    lv = summary["levels"][0]
+    assert lv["ttft_first_turn_lead_ms"] == pytest.approx(firsts[0].chunk_times[0] * 1e3)
+    assert lv["ttft_first_turn_rest_max_ms"] == pytest.approx(max(r.chunk_times[0] for r in firsts[1:]) * 1e3)
