@@ -5,6 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from harness.hostload import HostLoadMeter
 from harness.rounds import group_by_name, pending, plan_visits, read_visits, run_visits
@@ -53,3 +56,13 @@ def test_meter_sees_a_competing_busy_loop():
     finally:
         hog.wait(timeout=10)
     assert load.other_cores > 0.5 and load.contaminated
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="Linux /proc only")
+def test_memory_pages_reads_this_process() -> None:
+    from harness.timing import memory_pages
+
+    pages = memory_pages()
+    assert pages is not None
+    assert pages["rss_bytes"] > 1 << 20  # a Python process holds well over 1 MiB
+    assert 0 <= pages["anon_huge_bytes"] <= pages["rss_bytes"]
