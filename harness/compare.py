@@ -13,6 +13,13 @@ then, inside each drawn round, that configuration's samples with replacement; th
 statistic is the median of the pooled draw. So the CI carries both the within-process noise and
 the process-to-process (round-to-round) variation.
 
+Few rounds: a bootstrap over R clusters sees their spread with the plug-in variance, which is
+(R − 1)/R of the unbiased one, so with R = 3 the interval is too narrow exactly when process-to-process
+variation dominates. Both intervals are therefore widened about the point estimate by √(R / (R − 1))
+on the log scale (`_widen`). In A/A simulations at 3 rounds × 10 samples that takes the identical
+pairs called different from 7% to 4% with 3% process-to-process offsets, and from 13% to 8% with 6%
+ones: there only more rounds help, and `rounds_to_settle` says how many.
+
 Words, for ``ratio = median(reference) / median(variant)`` (> 1: the variant is faster), with a
 practical floor f (default 2%):
 
@@ -76,12 +83,21 @@ def pooled_median(rounds: Rounds) -> float:
     return float(np.median(np.concatenate([np.asarray(r, dtype=np.float64) for r in rounds])))
 
 
+def _widen(center: float, lo: float, hi: float, rounds: int) -> tuple[float, float]:
+    """(lo, hi) stretched about `center` by √(R / (R − 1)) on the log scale (module docstring)."""
+    if rounds < 2 or min(center, lo, hi) <= 0:
+        return lo, hi
+    f = math.sqrt(rounds / (rounds - 1))
+    c = math.log(center)
+    return math.exp(c + (math.log(lo) - c) * f), math.exp(c + (math.log(hi) - c) * f)
+
+
 def median_ci(rounds: Rounds, *, seed: int = 0, n_boot: int = N_BOOT) -> tuple[float, float]:
-    """Hierarchical-bootstrap 95% CI of one configuration's median."""
+    """Hierarchical-bootstrap 95% CI of one configuration's median (widened for few rounds)."""
     rng = np.random.default_rng(seed)
     meds = _draw_medians(rounds, _round_draws(len(rounds), n_boot, rng), rng)
     lo, hi = np.quantile(meds, [0.025, 0.975])
-    return float(lo), float(hi)
+    return _widen(pooled_median(rounds), float(lo), float(hi), len(rounds))
 
 
 @dataclass(frozen=True)
@@ -136,6 +152,7 @@ def compare_rounds(
     ratios = _draw_medians(reference, idx, rng) / _draw_medians(variant, idx, rng)
     lo, hi = (float(x) for x in np.quantile(ratios, [0.025, 0.975]))
     ratio = pooled_median(reference) / pooled_median(variant)
+    lo, hi = _widen(ratio, lo, hi, len(reference))
     word = word_for(ratio, lo, hi, floor)
     more = rounds_to_settle(ratio, lo, hi, floor, len(reference)) if word == INCONCLUSIVE else None
     return Comparison(ratio, lo, hi, word, floor, len(reference), more)
