@@ -57,8 +57,16 @@ def fake_app():
 
 def start_server(app):
     """(base URL "http://127.0.0.1:PORT", stop()) for uvicorn serving `app` in a thread."""
+    _, url, stop = start_uvicorn(app)
+    return url, stop
+
+
+def start_uvicorn(app):
+    """(uvicorn server, base URL, stop()): `start_server` with the server object, whose
+    `server_state.connections` holds the live connections' protocols."""
     from g4bench.server.transport import make_server
 
+    # bound as `run_server` binds its socket (protocol 0, so asyncio leaves Nagle on by itself)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -73,7 +81,7 @@ def start_server(app):
 
     wait_until(lambda: server.started or not thread.is_alive(), what="uvicorn startup")
     assert server.started, "uvicorn failed to start"
-    return f"http://127.0.0.1:{port}", stop
+    return server, f"http://127.0.0.1:{port}", stop
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 
 from g4bench.server.chat import ChatFormatter
 from g4bench.server.synthetic_tokenizer import SyntheticTokenizer
-from tests.server.conftest import DEADLINE_S, wait_until
+from tests.server.conftest import DEADLINE_S, start_uvicorn, wait_until
 from tests.server.fake_engine import reference
 
 TOK = SyntheticTokenizer(512)
@@ -162,3 +162,21 @@ def test_load_client_counts_per_chunk_token_ids(served, endpoint):
     assert rec.ok and rec.chunk_tokens_source == "token_ids"
     assert rec.output_ids == whole["choices"][0]["token_ids"] and rec.completion_tokens == len(rec.output_ids)
     assert sum(rec.chunk_tokens) == rec.completion_tokens and set(rec.chunk_tokens) <= {0, 1}
+
+
+def test_connections_send_without_nagle(fake_app):
+    """Every SSE chunk is a small write: with Nagle on, a stream's first content chunk waited for the
+    client's delayed ACK of the response head (~40 ms on Linux; g4bench/server/transport.py). asyncio
+    sets TCP_NODELAY only on sockets bound with protocol IPPROTO_TCP, which `serve`'s is not."""
+    app, _, _ = fake_app()
+    server, base, stop = start_uvicorn(app)
+    try:
+        with httpx.Client(timeout=DEADLINE_S) as client:  # keep-alive: the connection stays open
+            assert client.get(f"{base}/health").status_code == 200
+            conns = list(server.server_state.connections)
+            assert conns
+            for conn in conns:
+                sock = conn.transport.get_extra_info("socket")
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    finally:
+        stop()

@@ -56,6 +56,20 @@ def test_two_streams_share_decode_steps_and_queue_prefills():
     assert second.chunk_times[0] == pytest.approx(0.10 + 0.01 + 0.10)
 
 
+def test_a_send_at_a_busy_boundary_waits_for_the_next_call():
+    # three streams started at 0 (prefill A, decode A + prefill B, decode A,B + prefill C); the decode
+    # at 0.33 gives A its 4th token, and A's client sends D then. The server's engine thread is already
+    # in the next decode (B, C) when D reaches it, so D is admitted after that decode, prefilled after
+    # the one following: first token at 0.33 + 0.01 + 0.01 + 0.10. (Admitting D at the 0.33 boundary
+    # itself would give 0.11: the simulator used to, and under-predicted TTFT under load.)
+    result, engines = run(conc=(3,), tasks=4, slots=3)
+    d = max(result.levels[0].records, key=lambda r: r.send_s)
+    assert d.send_s == pytest.approx(0.33)
+    assert d.chunk_times[0] == pytest.approx(0.12)
+    programs = [(c.program, c.active) for c in engines[0].calls]
+    assert programs[6:10] == [("decode", 2), ("decode", 1), ("prefill", 0), ("decode", 1)]
+
+
 def test_agent_turns_reuse_the_conversation():
     result, _ = run(kind="agent", tasks=1)
     turns = sorted(result.levels[0].records, key=lambda r: r.turn)
