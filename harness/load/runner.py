@@ -164,18 +164,12 @@ class _Level:
                 return
             scheduled_s = time.perf_counter() - self.t0
 
-    @property
-    def leads(self) -> bool:
-        """Whether one agent opens the level alone (shared-prefix workload with `lead_agent`)."""
-        wl = self.cfg.workload
-        return wl.kind == "shared-prefix" and wl.lead_agent and wl.prefix_len > 0
-
     async def closed_loop(self) -> None:
         """c workers, each starting its next task when the last ends. With a lead agent, worker 0's
         first turn runs alone and the other workers start when it has ended (the shared system
         prompt is then in the server's cache, as in a fleet that is already running)."""
         warm = asyncio.Event()
-        if not self.leads:
+        if not self.cfg.workload.lead_opens:
             warm.set()
 
         async def worker(i: int) -> None:

@@ -66,6 +66,11 @@ class WorkloadConfig:
     json_schema: dict | None = field(default=None, hash=False)
 
     @property
+    def lead_opens(self) -> bool:
+        """Whether a closed-loop level opens with one agent's first turn alone (module docstring)."""
+        return self.kind == "shared-prefix" and self.lead_agent and self.prefix_len > 0
+
+    @property
     def turns_per_task(self) -> int:
         return 1 if self.kind == "fixed" else self.turns
 

@@ -9,7 +9,8 @@ a prefix either: their task ids differ):
     VirtualClock ─┬─ VirtualEngine(cfg, EngineConfig as `g4bench serve` builds it, pricer)
                   └─ Scheduler(engine, warmup=False, clock=clock)      the real one, not started
     clients: the same Tasks as serve-load (harness/load/workloads.make_tasks, same ids and seed),
-             closed loop (c workers, next turn / task the moment a reply ends) or open loop
+             closed loop (c workers, next turn / task the moment a reply ends; a shared-prefix level
+             with a lead agent starts the other c − 1 when its first turn ends) or open loop
              (arrival_times, at most c tasks in flight)
     loop:    deliver client sends due by `now` → Scheduler.submit (a send at `now` itself waits for
              the next engine call to end unless the engine is idle: see below)
@@ -110,6 +111,7 @@ class _Level:
     events: list[tuple[float, int, str, Any]] = field(default_factory=list)  # (time, seq, kind, arg)
     waiting_tasks: deque[tuple[Task, float]] = field(default_factory=deque)  # open loop: (task, arrival)
     in_flight: int = 0
+    held: int = 0  # closed-loop workers that start once the lead agent's first turn has ended
     started: int = 0
     seq: Any = field(default_factory=itertools.count)
 
@@ -151,6 +153,9 @@ class _Level:
             cached_tokens=res.cached_tokens, output_ids=list(res.output_ids), prompt_ids=spec.prompt_ids,
         )  # fmt: skip
         self.records.append(rec)
+        for _ in range(self.held):  # the lead's first turn ended: the other workers start
+            self.push(self.clock.now, "free", None)
+        self.held = 0
         if ok and sink.task.observe(rec) is None and sink.task.turn < self.cfg.workload.turns_per_task:
             self.push(self.clock.now, "turn", sink.task)  # the next turn, sent as the reply ends
             return
@@ -197,7 +202,8 @@ def simulate_level(
     sched = Scheduler(engine, max_waiting=shape.max_waiting, warmup=False, clock=clock)
     level = _Level(cfg, conc, sched, clock)
     if math.isinf(cfg.rate):
-        for _ in range(conc):
+        level.held = conc - 1 if cfg.workload.lead_opens else 0
+        for _ in range(conc - level.held):
             level.push(0.0, "free", None)
     else:
         limit = level_tasks(cfg, conc)

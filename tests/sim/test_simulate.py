@@ -85,6 +85,18 @@ def test_agent_turns_reuse_the_conversation():
     )
 
 
+@pytest.mark.parametrize("lead", [True, False])
+def test_shared_prefix_lead_agent_opens_the_level(lead: bool):
+    # as serve-load's runner: with a lead agent the other workers send when its first turn has ended
+    result, _ = run(kind="shared-prefix", conc=(3,), tasks=3, slots=3, prefix_len=16, lead_agent=lead)
+    firsts = sorted((r for r in result.levels[0].records if r.turn == 0), key=lambda r: r.send_s)
+    if lead:
+        assert all(r.send_s == pytest.approx(firsts[0].end_s) for r in firsts[1:])
+        assert all(r.cached_tokens >= 16 for r in firsts[1:])  # the shared prompt was resident
+    else:
+        assert [r.send_s for r in firsts] == [0.0, 0.0, 0.0]
+
+
 def test_open_loop_sends_at_arrival_times():
     result, _ = run(conc=(4,), tasks=3, slots=4, rate=0.5)
     sends = sorted(r.send_s for r in result.levels[0].records)
