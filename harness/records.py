@@ -138,6 +138,7 @@ class RevalidateMeasurement(_DecodeStats):
         default=None, min_length=1
     )
     host_other_cores_by_round: list[list[NonNeg]] | Omit = None
+    host_steal_frac_by_round: list[list[NonNeg]] | Omit = None
     minor_faults_by_round: list[list[NonNegInt]] | Omit = None
     contaminated_samples: NonNegInt | Omit = None
     cpus: list[int] | None = None
@@ -179,6 +180,7 @@ class RunSummary(Record):
     samples_total: NonNegInt
     contaminated_samples: NonNegInt
     contaminated_threshold_cores: NonNeg
+    contaminated_threshold_steal: NonNeg | Omit = None
     host_quiet: bool
     median_ci95_half_width_pct: NonNeg | None
     verdict_counts: dict[str, NonNegInt]

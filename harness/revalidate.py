@@ -30,7 +30,7 @@ import fnmatch
 import os
 import tomllib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -118,18 +118,20 @@ class SweepSettings:
     aa: int = 0  # A/A pairs of one point (0: the grid's comparisons)
     cpus: tuple[int, ...] | None = None
     kv_layouts: tuple[str, ...] = ("contiguous",)  # each grid point in each layout (paged: 16-token blocks)
+    configs: tuple[str, ...] | None = None  # the --config names or globs (None: the whole grid)
     timeout_s: float = CHILD_TIMEOUT_S
     mem_limit_bytes: int | None = None
 
     def identity(self) -> dict[str, Any]:
         """The fields that define the measurement (a resumed run must match them)."""
-        keys = ("model", "batches", "ctxs", "rounds", "samples", "warmup", "seed", "layers", "aa", "kv_layouts")
+        keys = ("model", "batches", "ctxs", "rounds", "samples", "warmup", "seed", "layers", "aa", "kv_layouts",
+                "configs")  # fmt: skip
         return {k: getattr(self, k) for k in keys}
 
     @classmethod
     def from_json(cls, stored: dict[str, Any]) -> SweepSettings:
         known = {k: v for k, v in stored.items() if k in cls.__dataclass_fields__}
-        for k in ("batches", "ctxs", "cpus", "kv_layouts"):
+        for k in ("batches", "ctxs", "cpus", "kv_layouts", "configs"):
             if known.get(k) is not None:
                 known[k] = tuple(known[k])
         return cls(**known)
@@ -154,6 +156,7 @@ class RevalidateRequest:
     layers: str | None = None
     timeout_s: float | None = None
     mem_limit_bytes: int | None = None
+    configs: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -348,7 +351,7 @@ def prepare_run(
     from harness.rounds import VISITS_FILE
 
     asked = asdict(request)
-    extra_keys = ("timeout_s", "mem_limit_bytes", "cpus", "kv_layouts")
+    extra_keys = ("timeout_s", "mem_limit_bytes", "cpus", "kv_layouts", "configs")
     extra = {k: asked[k] for k in extra_keys if asked[k] is not None}
     if resume:
         if out is None:
@@ -364,6 +367,7 @@ def prepare_run(
             k: (v, getattr(base, k))
             for k, v in asked.items()
             if k in base.identity() and v is not None and v != getattr(base, k)
+            and not (k == "configs" and base.configs is None)  # a run from before configs were stored
         }
         if clash:
             shown = "; ".join(f"{k}: run has {old!r}, asked {new!r}" for k, (new, old) in clash.items())
@@ -391,6 +395,20 @@ def prepare_run(
         )
     out.mkdir(parents=True, exist_ok=True)
     return out, settings, note
+
+
+def _check_resumed_points(run_dir: Path, points: Sequence[Point]) -> None:
+    """Refuse to resume with points the run never visited (a run from before `configs` was stored,
+    resumed without its --config, would otherwise measure the whole grid)."""
+    from harness.rounds import read_visits
+
+    seen = {line["name"] for line in read_visits(run_dir)}
+    new = [p.name for p in points if p.name not in seen]
+    if seen and new:
+        raise RevalidateError(
+            f"cannot resume {run_dir}: it never visited {len(new)} of the {len(points)} selected point(s) "
+            f"(e.g. {new[0]!r}); pass the run's own --config"
+        )
 
 
 def run_sweep(
@@ -478,8 +496,12 @@ def _one_line(visit: Any, result: dict[str, Any], rounds: int) -> str:
     if (line := failure_line(tag, result)) is not None:
         return line
     med = statistics.median(result["step_ms_samples"])
-    busy = max(result.get("host_other_cores") or [0.0])
-    flag = f" [yellow](host busy: {busy:.2f} cores)[/yellow]" if busy > 0.2 else ""
+    from harness.hostload import contaminated
+
+    loads = result.get("host_other_cores") or []
+    steal = result.get("host_steal_frac") or [0.0] * len(loads)
+    n = sum(contaminated(o, s) for o, s in zip(loads, steal, strict=False))
+    flag = f" [yellow](host busy in {n} of {len(loads)} samples)[/yellow]" if n else ""
     return f"[green]✓[/green] {tag}: median {med:.3f} ms{flag}"
 
 
@@ -506,13 +528,18 @@ def run_revalidate(
     from harness.verdicts import render_summary, render_verdicts
 
     console = console or Console(stderr=True)
-    configs = select_configs(load_sweep(sweep_path), patterns)
+    grid = load_sweep(sweep_path)
+    select_configs(grid, patterns)  # a bad --config is refused before any child starts
+    if patterns:
+        request = replace(request, configs=tuple(patterns))
     device = probe(probe_target())
     platform = device.get("platform")
     run_dir, settings, note = prepare_run(
         out=out, resume=resume, results_root=results_root, request=request, platform=platform
     )
-    points = sweep_points(configs, settings)
+    points = sweep_points(select_configs(grid, settings.configs), settings)
+    if resume:
+        _check_resumed_points(run_dir, points)
     if note:
         console.print(f"[yellow]{note}[/yellow]")
     console.print(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from harness.hostload import CONTAMINATED_CORES
+from harness.hostload import CONTAMINATED_CORES, CONTAMINATED_STEAL, contaminated
 
 MIN_CLEAN_PER_ROUND = 2  # verdicts drop contaminated samples only if every round keeps this many
 
@@ -23,9 +23,10 @@ def clean_rounds(record: dict[str, Any]) -> tuple[list[list[float]], int] | None
     dropped; None when some round would keep fewer than MIN_CLEAN_PER_ROUND of them."""
     rounds = record["step_ms_by_round"]
     loads = record.get("host_other_cores_by_round") or [[0.0] * len(r) for r in rounds]
+    steal = record.get("host_steal_frac_by_round") or [[0.0] * len(r) for r in rounds]
     clean = [
-        [t for t, load in zip(r, lr, strict=True) if load <= CONTAMINATED_CORES]
-        for r, lr in zip(rounds, loads, strict=True)
+        [t for t, load, st in zip(r, lr, sr, strict=True) if not contaminated(load, st)]
+        for r, lr, sr in zip(rounds, loads, steal, strict=True)
     ]
     if min(len(r) for r in clean) < MIN_CLEAN_PER_ROUND:
         return None
@@ -73,12 +74,13 @@ def measurement_record(
         )
     by_round = [[float(x) for x in r["step_ms_samples"]] for r in results]
     loads = [[float(x) for x in r.get("host_other_cores") or [0.0] * len(t)] for r, t in zip(results, by_round, strict=True)]
+    steal = [[float(x) for x in r.get("host_steal_frac") or [0.0] * len(t)] for r, t in zip(results, by_round, strict=True)]
     faults = [[int(x) for x in r.get("minor_faults") or []] for r in results]
     flat = [t for r in by_round for t in r]
     st = summarize(flat)
     lo, hi = median_ci(by_round, seed=settings.seed)
     batch, ctx = int(point.case["batch"]), int(point.case["ctx"])
-    contaminated = sum(load > CONTAMINATED_CORES for r in loads for load in r)
+    flagged = sum(contaminated(o, s) for lr, sr in zip(loads, steal, strict=True) for o, s in zip(lr, sr, strict=True))
     return make_record(
         "revalidate",
         point.name,
@@ -109,8 +111,9 @@ def measurement_record(
         step_ms_samples=flat,
         step_ms_by_round=by_round,
         host_other_cores_by_round=loads,
+        host_steal_frac_by_round=steal,
         minor_faults_by_round=faults,
-        contaminated_samples=int(contaminated),
+        contaminated_samples=int(flagged),
         cpus=results[0].get("cpus"),
         **_cost_fields(point.case),
     )
@@ -139,6 +142,7 @@ def summary_record(
         "samples_total": n,
         "contaminated_samples": flagged,
         "contaminated_threshold_cores": CONTAMINATED_CORES,
+        "contaminated_threshold_steal": CONTAMINATED_STEAL,
         "host_quiet": n > 0 and flagged / n <= 0.05,
         "median_ci95_half_width_pct": statistics.median(m["step_ci95_half_width_pct"] for m in ok) if ok else None,
         "verdict_counts": {w: sum(r["verdict"] == w for r in ratios) for w in sorted({r["verdict"] for r in ratios})},

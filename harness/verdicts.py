@@ -194,12 +194,16 @@ def render_host(summary: dict[str, Any], console: Any) -> None:
     """Whether the host was quiet, the CI width, and the A/A false-positive rate where measured."""
     n, bad = summary.get("samples_total", 0), summary.get("contaminated_samples", 0)
     thr = summary.get("contaminated_threshold_cores")
+    steal = summary.get("contaminated_threshold_steal")
+    busy = f"other processes used > {thr} cores" + (
+        f" or the hypervisor stole ≥ {100 * steal:g}% of the CPUs" if steal is not None else ""
+    )
     if summary.get("host_quiet"):
-        console.print(f"host quiet: {bad} of {n} samples taken while other processes used > {thr} cores")
+        console.print(f"host quiet: {bad} of {n} samples taken while {busy}")
     else:
         console.print(
-            f"[yellow]host NOT quiet: {bad} of {n} samples taken while other processes used > {thr} "
-            "cores (flagged; left out of the verdicts where every round kept enough)[/yellow]"
+            f"[yellow]host NOT quiet: {bad} of {n} samples taken while {busy} "
+            "(flagged; left out of the verdicts where every round kept enough)[/yellow]"
         )
     hw = summary.get("median_ci95_half_width_pct")
     if hw is not None:

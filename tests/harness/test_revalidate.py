@@ -69,12 +69,16 @@ def fake_child(payload: dict) -> dict:
     result = measure_bench(
         FakeBench(STEP_MS[case["kv_dtype"], case["donate"]]), payload["samples"], payload["warmup"]
     )
-    result["host_other_cores"] = [0.0] * len(result["step_ms_samples"])  # the fake is never contaminated
-    if os.environ.get("FAKE_MODE") == "hog" and payload["round"] == 1 and case["donate"]:
-        # a hog ran while round 2 measured the donated points: 3 of 5 samples slowed 3× and flagged
+    n = len(result["step_ms_samples"])
+    result["host_other_cores"] = [0.0] * n  # the fake is never contaminated...
+    result["host_steal_frac"] = [0.0] * n
+    if os.environ.get("FAKE_MODE") in ("hog", "steal") and payload["round"] == 1 and case["donate"]:
+        # ...unless a hog (or the hypervisor) ran while round 2 measured the donated points: 3 of 5
+        # samples slowed 3× and flagged
+        field, value = ("host_other_cores", 1.0) if os.environ["FAKE_MODE"] == "hog" else ("host_steal_frac", 0.05)
         for i in (0, 2, 4):
             result["step_ms_samples"][i] *= 3.0
-            result["host_other_cores"][i] = 1.0
+            result[field][i] = value
     result["device"] = {"platform": "cpu", "device_kind": "fake cpu", "device_count": 1}
     return result
 
@@ -262,10 +266,11 @@ def test_sweep_writes_run_folder_and_verdicts(fake_env):
     assert max(len(line) for line in tables) <= 80  # fits a log (only file paths may run longer)
 
 
-def test_contaminated_samples_are_flagged_and_left_out(fake_env, monkeypatch):
-    """A hog slows the donated points in round 2 only; its samples are flagged, dropped from the
-    verdicts, and the donation effect keeps its sign and size."""
-    monkeypatch.setenv("FAKE_MODE", "hog")
+@pytest.mark.parametrize("mode", ["hog", "steal"])
+def test_contaminated_samples_are_flagged_and_left_out(fake_env, monkeypatch, mode):
+    """A hog (or hypervisor steal) slows the donated points in round 2 only; its samples are flagged,
+    dropped from the verdicts, and the donation effect keeps its sign and size."""
+    monkeypatch.setenv("FAKE_MODE", mode)
     out = fake_env / "run"
     args = ["--config", "ple-bf16/*", "--rounds", 3, "--samples", 5, "--warmup", 0, "--out", out]
     res = invoke(*args, "--batch", 2, "--ctx", 64)
@@ -330,6 +335,21 @@ def test_failures_recorded_sweep_continues_and_resume_reruns_only_them(fake_env,
     assert all(r["config"]["batch"] == 2 for r in meas)  # settings inherited from the run
     assert len([r for r in records if r["kind"] == "ratio"]) == 6 + 6 + 8  # donation, kv-int8, ple
     assert len((out / "command.txt").read_text().splitlines()) == 2
+
+
+def test_resume_keeps_the_runs_config_selection(fake_env):
+    """A run of two configurations, resumed without --config, measures nothing new (it used to
+    fall back to the whole grid); another selection is refused."""
+    out = fake_env / "run"
+    args = ["--rounds", 1, "--samples", 2, "--warmup", 0, "--batch", 2, "--ctx", 64]
+    assert invoke("--config", "ple-bf16/kv-bf16/*", *args, "--out", out).exit_code == 0
+    (fake_env / "ran.txt").unlink()
+    res = invoke("--out", out, "--resume")
+    assert res.exit_code == 0, res.output
+    assert not (fake_env / "ran.txt").exists()
+    assert len([r for r in read_records(out) if r["kind"] == "revalidate"]) == 2
+    res = invoke("--config", "ple-int8/*", "--out", out, "--resume")
+    assert res.exit_code == 2 and "configs" in res.output
 
 
 def test_paged_layout_gets_its_own_verdict_per_shape(fake_env):
