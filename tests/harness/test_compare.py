@@ -26,6 +26,17 @@ def rounds_of(rng, median, rel_sd, rounds=3, k=5, round_sd=0.0):
     return out
 
 
+def aa_false_positive_rate(*, seed: int, pairs: int, rel_sd: float, k: int, round_sd: float) -> float:
+    """Share of identical synthetic pairs (3 rounds each) that compare_rounds calls faster/slower."""
+    rng = np.random.default_rng(seed)
+    calls = []
+    for i in range(pairs):
+        a = rounds_of(rng, 100.0, rel_sd, rounds=3, k=k, round_sd=round_sd)
+        b = rounds_of(rng, 100.0, rel_sd, rounds=3, k=k, round_sd=round_sd)
+        calls.append(compare_rounds(a, b, seed=i, n_boot=1000).word in (FASTER, SLOWER))
+    return sum(calls) / len(calls)
+
+
 def test_words_follow_the_rule():
     assert word_for(1.30, 1.20, 1.40, 0.02) == FASTER
     assert word_for(0.70, 0.60, 0.80, 0.02) == SLOWER
@@ -45,25 +56,13 @@ def test_a_true_ten_percent_effect_is_seen_through_twenty_percent_sample_noise()
 
 def test_identical_configurations_are_rarely_called_different():
     """A/A on synthetic data with a process-level offset: the false-positive rate stays low."""
-    rng = np.random.default_rng(7)
-    calls = []
-    for i in range(200):
-        a = rounds_of(rng, 100.0, 0.08, rounds=3, k=5, round_sd=0.01)
-        b = rounds_of(rng, 100.0, 0.08, rounds=3, k=5, round_sd=0.01)
-        calls.append(compare_rounds(a, b, seed=i, n_boot=1000).word in (FASTER, SLOWER))
-    assert sum(calls) / len(calls) <= 0.05
+    assert aa_false_positive_rate(seed=7, pairs=200, rel_sd=0.08, k=5, round_sd=0.01) <= 0.05
 
 
 def test_process_to_process_variation_with_few_rounds_is_not_called_an_effect():
     """A/A where each process (round) is off by ~3% and 3 rounds hold 10 samples each: the plain
     bootstrap over 3 clusters called ~7% of these pairs different; the widened CI keeps it ≤ 5%."""
-    rng = np.random.default_rng(11)
-    calls = []
-    for i in range(300):
-        a = rounds_of(rng, 100.0, 0.06, rounds=3, k=10, round_sd=0.03)
-        b = rounds_of(rng, 100.0, 0.06, rounds=3, k=10, round_sd=0.03)
-        calls.append(compare_rounds(a, b, seed=i, n_boot=1000).word in (FASTER, SLOWER))
-    assert sum(calls) / len(calls) <= 0.05
+    assert aa_false_positive_rate(seed=11, pairs=300, rel_sd=0.06, k=10, round_sd=0.03) <= 0.05
 
 
 def test_ci_brackets_and_shrinks_with_more_rounds():
