@@ -100,8 +100,8 @@ def memory_pages() -> dict[str, int] | None:
     kib = {}
     for line in text.splitlines():
         key, _, rest = line.partition(":")
-        if key in ("Rss", "AnonHugePages") and rest.split():
-            kib[key] = int(rest.split()[0])
+        if key in ("Rss", "AnonHugePages") and (fields := rest.split()):
+            kib[key] = int(fields[0])
     if "Rss" not in kib:
         return None
     return {"rss_bytes": kib["Rss"] * 1024, "anon_huge_bytes": kib.get("AnonHugePages", 0) * 1024}

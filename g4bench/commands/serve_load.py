@@ -170,7 +170,7 @@ def serve_load(
     console.print(
         f"  turns {wl.turns_per_task}, input {wl.input_len}, output {wl.output_len}, tool result "
         f"{wl.tool_result_tokens}, shared prefix {wl.prefix_len}"
-        + (" (lead agent first)" if wl.kind == "shared-prefix" and wl.lead_agent and rate is None else "")
+        + (" (lead agent first)" if wl.lead_opens and rate is None else "")
         + f", max context {wl.max_context}"
     )
     try:
