@@ -20,6 +20,9 @@ on the log scale (`_widen`). In A/A simulations at 3 rounds × 10 samples that t
 pairs called different from 7% to 4% with 3% process-to-process offsets, and from 13% to 8% with 6%
 ones: there only more rounds help, and `rounds_to_settle` says how many.
 
+Pairs measured in one process (revalidate's shared-weights visits) are paired sample by sample as
+well (`paired_samples`): the replicate draws the same sample indices on both sides.
+
 Words, for ``ratio = median(reference) / median(variant)`` (> 1: the variant is faster), with a
 practical floor f (default 2%):
 
@@ -139,17 +142,35 @@ def rounds_to_settle(ratio: float, lo: float, hi: float, floor: float, rounds: i
 
 
 def compare_rounds(
-    reference: Rounds, variant: Rounds, *, floor: float = DEFAULT_FLOOR, seed: int = 0, n_boot: int = N_BOOT
+    reference: Rounds,
+    variant: Rounds,
+    *,
+    floor: float = DEFAULT_FLOOR,
+    seed: int = 0,
+    n_boot: int = N_BOOT,
+    paired_samples: bool = False,
 ) -> Comparison:
     """Paired hierarchical bootstrap of median(reference) / median(variant) (both measured in the same
-    rounds, in the same order of rounds)."""
+    rounds, in the same order of rounds).
+
+    `paired_samples`: sample i of a round was taken next to sample i of the other side (one process
+    stepping both in turn, harness/timing.py's interleaving), so a replicate draws the *same* sample
+    indices on both sides and a slow moment common to both stays paired. Needs equal counts per
+    round; otherwise the sides are resampled apart."""
     if len(reference) != len(variant):
         raise ValueError(f"paired rounds differ in number: {len(reference)} vs {len(variant)}")
     if floor < 0:
         raise ValueError(f"floor must be >= 0, got {floor}")
     rng = np.random.default_rng(seed)
     idx = _round_draws(len(reference), n_boot, rng)
-    ratios = _draw_medians(reference, idx, rng) / _draw_medians(variant, idx, rng)
+    same_counts = [len(r) for r in reference] == [len(v) for v in variant]
+    if paired_samples and same_counts:
+        state = rng.bit_generator.state  # the same uniform draws pick the same indices on both sides
+        ref_meds = _draw_medians(reference, idx, rng)
+        rng.bit_generator.state = state
+        ratios = ref_meds / _draw_medians(variant, idx, rng)
+    else:
+        ratios = _draw_medians(reference, idx, rng) / _draw_medians(variant, idx, rng)
     lo, hi = (float(x) for x in np.quantile(ratios, [0.025, 0.975]))
     ratio = pooled_median(reference) / pooled_median(variant)
     lo, hi = _widen(ratio, lo, hi, len(reference))

@@ -142,6 +142,9 @@ class RevalidateMeasurement(_DecodeStats):
     minor_faults_by_round: list[list[NonNegInt]] | Omit = None
     contaminated_samples: NonNegInt | Omit = None
     cpus: list[int] | None = None
+    visit_group: str | Omit = Field(
+        default=None, description="the visit group it was measured in: every member shares one process per round"
+    )
 
 
 class Ratio(Record):
@@ -171,6 +174,9 @@ class Ratio(Record):
     rounds_to_settle: PosInt | None = None
     contaminated_excluded: bool | Omit = None
     rule_2iqr: Literal["real", "within noise"] | Omit = None
+    same_process: bool | Omit = Field(
+        default=None, description="both sides measured in one process per round, their samples interleaved"
+    )
 
 
 class RunSummary(Record):

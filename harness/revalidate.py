@@ -6,14 +6,29 @@ relative IQR) needs a quiet TPU; on a shared CPU it calls a true 1.4× effect no
 configuration is visited once per round, rounds in fresh random orders (harness/rounds.py), and
 each comparison gets a bootstrap CI and a word (harness/compare.py).
 
+Visits (`--visit`). ``separate`` (the default): one fresh process per configuration per round, the
+reference's rule. ``shared-weights`` (opt-in): configurations with the same weights and shape —
+differing only in KV dtype, donation, KV layout or sliding KV — are one visit: one fresh process per
+round builds the weights once, a cache per configuration, and interleaves their samples (each pass
+steps every configuration in a fresh random order). A fresh process runs at its own speed
+(between-visit sd ~8% on the 2-core VM), which a per-round pairing cannot cancel when each side has
+its own process; in a shared visit it is common to both sides, and the CIs narrow. But the
+configurations then share an allocator and memory: measured back to back on XLA:CPU, a copying
+bf16-KV step ran 1.35× slower shared than alone (int8-KV steps agreed within 3%), the order confound
+the reference warned of — so it is not the default, and choosing it prints that caveat
+(`SHARED_VISIT_CAVEAT`). PLE formats change the weights, so PLE comparisons always pair separate
+processes.
+
 Data flow::
 
     configs/sweeps/revalidate.toml ──load_sweep──▶ [SweepConfig] ──select_configs(--config)──▶
     × --batch list × --ctx list ──sweep_points──▶ [Point]      (--aa N: N pairs of one point)
     probe_device() (a child) ──resolve_settings──▶ SweepSettings (defaults printed with the reason)
-    plan_visits(points, rounds) ──run_visits──▶ one child per visit, logged to visits.jsonl at once
-        child: revalidate_child → pin_threads → DecodeBench → measure_bench (harness/timing.py):
-               warm buffers, `samples` timed steps, host load per sample
+    visit_groups(points) ──plan_visits(groups, rounds)──run_visits──▶ one child per visit, each
+        point's result logged to visits.jsonl at once
+        child: revalidate_child → pin_threads → a DecodeBench per point (weights shared) →
+               measure_benches (harness/timing.py): warm buffers, `samples` timed steps per point
+               interleaved, host load per sample
     after each round: measurement records (pooled stats, hierarchical CI of the median, bytes and
         FLOPs by part from costs.py) + ratio records (harness/verdicts.py) → results.jsonl, summary.csv
     render tables (80 columns) · plots/ (harness/plots.py)
@@ -42,6 +57,10 @@ CHILD_ENV_VAR = "G4BENCH_REVALIDATE_CHILD"
 PROBE_ENV_VAR = "G4BENCH_REVALIDATE_PROBE"
 CASE_FIELDS = ("layers", "ple", "kv_dtype", "donate", "sliding_kv", "embed")
 KV_LAYOUTS = ("contiguous", "paged")
+# Fields one process can vary over the same weights; points that differ only in these can share a
+# visit (``--visit shared-weights``).
+ENGINE_FIELDS = frozenset({"kv_dtype", "donate", "kv_layout", "sliding_kv", "block_size"})
+VISIT_MODES = ("separate", "shared-weights")
 
 
 class RevalidateError(RequestError):
@@ -60,6 +79,8 @@ class Shape:
     reason: str
     layers: str | None = None  # override of the grid's layer format (None: keep the grid's)
     layers_reason: str = ""
+    visit: str = "separate"
+    visit_reason: str = ""
 
 
 ACCELERATOR_DEFAULTS = Shape(
@@ -69,6 +90,9 @@ ACCELERATOR_DEFAULTS = Shape(
     samples=8,
     warmup=3,
     reason="the reference revalidation's shape on TPU v6e (seed-engine-notes §4.5), so results compare",
+    visit="separate",
+    visit_reason="one configuration per fresh process, as the reference measured (HBM fragmentation and "
+    "order confound configurations sharing a device)",
 )
 # Measured on the 2-core, 24 GiB development machine (jax 0.10.2, full E2B dimensions, f32 layers):
 # a decode step at batch 4, ctx 8192 takes ~0.9-1.3 s; a visit (start, synthetic init, cached
@@ -83,6 +107,15 @@ CPU_DEFAULTS = Shape(
     "15 minutes on 2 cores (~1 s per step)",
     layers=CPU_LAYERS,
     layers_reason=f"{CPU_LAYERS_REASON}; PLE and KV formats are measured as the grid specifies",
+    visit="separate",
+    visit_reason="one configuration per fresh process: in a shared process a copying bf16-KV step ran 1.35× "
+    "slower than in its own (results/reference/revalidate-cpu-e2b-bf16-visits), so sharing biases donation "
+    "ratios",
+)
+SHARED_VISIT_CAVEAT = (
+    "shared-weights visits: on XLA:CPU a copying bf16-KV step ran 1.35× slower in a shared process than in its "
+    "own (1,942 vs 1,443 ms, back to back; results/reference/revalidate-cpu-e2b-bf16-visits), while int8-KV "
+    "steps agreed within 3%: donation and copying-int8 ratios from shared visits overstate the effect"
 )
 
 
@@ -121,11 +154,12 @@ class SweepSettings:
     configs: tuple[str, ...] | None = None  # the --config names or globs (None: the whole grid)
     timeout_s: float = CHILD_TIMEOUT_S
     mem_limit_bytes: int | None = None
+    visit: str = "separate"  # or "shared-weights": engine-only variants share a process (visit_groups)
 
     def identity(self) -> dict[str, Any]:
         """The fields that define the measurement (a resumed run must match them)."""
         keys = ("model", "batches", "ctxs", "rounds", "samples", "warmup", "seed", "layers", "aa", "kv_layouts",
-                "configs")  # fmt: skip
+                "configs", "visit")  # fmt: skip
         return {k: getattr(self, k) for k in keys}
 
     @classmethod
@@ -157,6 +191,7 @@ class RevalidateRequest:
     timeout_s: float | None = None
     mem_limit_bytes: int | None = None
     configs: tuple[str, ...] | None = None
+    visit: str | None = None
 
 
 @dataclass
@@ -256,6 +291,7 @@ def resolve_settings(
     samples: int | None,
     warmup: int | None,
     layers: str | None = None,
+    visit: str | None = None,
     **extra: Any,
 ) -> tuple[SweepSettings, str | None]:
     """Fill unset options from the platform defaults; returns the settings and a note saying which
@@ -271,6 +307,7 @@ def resolve_settings(
         samples=samples if samples is not None else shape.samples,
         warmup=warmup if warmup is not None else shape.warmup,
         layers=layers if layers is not None else shape.layers,
+        visit=visit if visit is not None else shape.visit,
         **extra,
     )
     if min((*settings.batches, *settings.ctxs, settings.rounds, settings.samples)) < 1 or settings.warmup < 0:
@@ -278,6 +315,8 @@ def resolve_settings(
     unknown_layouts = set(settings.kv_layouts) - set(KV_LAYOUTS)
     if unknown_layouts or not settings.kv_layouts:
         raise RevalidateError(f"--kv-layout takes {', '.join(KV_LAYOUTS)}; got {list(settings.kv_layouts)}")
+    if settings.visit not in VISIT_MODES:
+        raise RevalidateError(f"--visit takes {', '.join(VISIT_MODES)}; got {settings.visit!r}")
     if settings.aa < 0 or not 0 <= settings.floor < 1:
         raise RevalidateError("--aa must be >= 0 and --floor-pct in [0, 100)")
     notes = []
@@ -287,40 +326,108 @@ def resolve_settings(
         notes.append(f"defaults for {platform or 'cpu'}: {shown}{why}")
     if layers is None and shape.layers is not None:
         notes.append(f"layers {shape.layers} instead of the grid's — {shape.layers_reason}")
+    if visit is None and shape.visit_reason:
+        notes.append(f"visits {shape.visit} — {shape.visit_reason}")
+    if settings.visit == "shared-weights":
+        notes.append(SHARED_VISIT_CAVEAT)
     return settings, "\n".join(notes) or None
 
 
-# ---------------------------------------------------------------------------------------- the child
+# --------------------------------------------------------------------------------------- the visits
+
+
+def visit_groups(points: Sequence[Point], settings: SweepSettings) -> dict[str, list[Point]]:
+    """The points each visit measures together in one process, by a label naming the group.
+
+    ``separate``: every point alone (the label is its name). ``shared-weights``: points with the
+    same weights and shape (they differ only in `ENGINE_FIELDS`) form one group, so every ratio of
+    those fields compares samples taken in the same processes; an A/A run's pairs (aa<i>-A, aa<i>-B)
+    each form one. Points keep their order within a group."""
+    if settings.visit == "separate":
+        return {p.name: [p] for p in points}
+    groups: dict[str, list[Point]] = {}
+    if settings.aa:
+        for p in points:
+            groups.setdefault(p.name.rsplit("-", 1)[0], []).append(p)
+        return groups
+    for p in points:
+        groups.setdefault(_weights_label(p.case), []).append(p)
+    return groups
+
+
+def _weights_label(case: dict[str, Any]) -> str:
+    """What a case holds besides ENGINE_FIELDS, e.g. "e2b/f32/ple-bf16/b4/ctx8192"."""
+    held = {k: v for k, v in case.items() if k not in ENGINE_FIELDS and v is not None}
+    named = [str(held.pop("model", "")), str(held.pop("layers", "")), f"ple-{held.pop('ple', '')}"]
+    shape = [f"b{held.pop('batch', '')}", f"ctx{held.pop('ctx', '')}"]
+    return "/".join([*named, *(f"{k}-{held[k]}" for k in sorted(held)), *shape])
 
 
 def revalidate_child(payload: dict[str, Any]) -> dict[str, Any]:
-    """Isolated-child target: pin threads, build the DecodeBench for ``payload["case"]``, measure it."""
-    from harness.timing import measure_bench, pin_threads
+    """Isolated-child target: pin threads, build a DecodeBench per point of ``payload["points"]``
+    (points of one model and weight format share one copy of the weights), measure them with their
+    samples interleaved (harness/timing.py); returns ``{"results": {name: result}}``."""
+    from harness.timing import measure_benches, pin_threads
 
     cpus = pin_threads(payload.get("cpus"))
+    import numpy as np
+
     from harness.env import device_info
     from harness.isolate import configure_jax_cache
 
     configure_jax_cache()
     from g4bench.engine.bench import DecodeCase, make_decode_bench
 
-    bench = make_decode_bench(DecodeCase(**payload["case"]), seed=int(payload.get("seed", 0)))
-    result = measure_bench(bench, int(payload["samples"]), int(payload["warmup"]))
-    result["device"] = device_info()
-    result["cpus"] = cpus
-    return result
+    seed = int(payload.get("seed", 0))
+    members = payload["points"]
+    # build, warm and step in an order fresh to each round, so no member is always first
+    rng = np.random.default_rng([seed, int(payload.get("round", 0)), len(members)])
+    order = rng.permutation(len(members)).tolist()
+    benches = [make_decode_bench(DecodeCase(**members[i]["case"]), seed=seed) for i in order]
+    weights: dict[Any, Any] = {}
+    for b in benches:
+        key = (b.case.model, b.case.weight_format)
+        if key not in weights:
+            weights[key] = b.materialize()
+        b.params = weights[key]
+    measured = measure_benches(benches, int(payload["samples"]), int(payload["warmup"]), rng)
+    device = device_info()
+    results = {}
+    for i, result in zip(order, measured, strict=True):
+        results[members[i]["name"]] = {**result, "device": device, "cpus": cpus, "visit_size": len(members)}
+    return {"results": results}
 
 
-def child_payload(point: Point, settings: SweepSettings) -> dict[str, Any]:
-    """The JSON the child receives: the full DecodeCase, the sampling plan, the seed and CPU set."""
+def child_payload(group: Sequence[Point], settings: SweepSettings) -> dict[str, Any]:
+    """The JSON the child receives: each point's name and full DecodeCase, the sampling plan, the
+    seed and CPU set."""
     return {
-        "name": point.name,
-        "case": point.case,
+        "points": [{"name": p.name, "case": p.case} for p in group],
         "samples": settings.samples,
         "warmup": settings.warmup,
         "seed": settings.seed,
         "cpus": list(settings.cpus) if settings.cpus else None,
     }
+
+
+def split_results(outcome: dict[str, Any], group: Sequence[Point]) -> dict[str, dict[str, Any]]:
+    """{name: result} from a child's outcome; a failure (the child died, or returned something
+    else) is every member's failure, and a member the child left out fails with a "crash"."""
+    from harness.results import is_failure
+
+    if is_failure(outcome):
+        return {p.name: outcome for p in group}
+    results = outcome.get("results") if isinstance(outcome, dict) else None
+    if not isinstance(results, dict):
+        results = {}
+    out = {}
+    for p in group:
+        if p.name in results:
+            out[p.name] = {**results[p.name], "wall_s": outcome.get("wall_s", 0.0) / len(group)}
+        else:
+            detail = f"the child returned no result for {p.name!r}"
+            out[p.name] = {"failure": {"kind": "crash", "detail": detail}, "wall_s": outcome.get("wall_s", 0.0)}
+    return out
 
 
 def child_target() -> str:
@@ -382,6 +489,7 @@ def prepare_run(
         samples=request.samples,
         warmup=request.warmup,
         layers=request.layers,
+        visit=request.visit,
         seed=request.seed or 0,
         floor=request.floor if request.floor is not None else 0.02,
         aa=request.aa or 0,
@@ -414,8 +522,9 @@ def _check_resumed_points(run_dir: Path, points: Sequence[Point]) -> None:
 def run_sweep(
     points: Sequence[Point], settings: SweepSettings, run: RunFolder, *, console: Any = None
 ) -> SweepOutcome:
-    """Visit every point once per round (fresh random order each round, one child per visit), log
-    each visit, and rewrite the run's records after every round; returns the final outcome."""
+    """Visit every group of points once per round (fresh random order each round, one child per
+    visit), log each point's result, and rewrite the run's records after every round; returns the
+    final outcome."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -429,9 +538,10 @@ def run_sweep(
     from harness.rounds import Visit, pending, plan_visits, read_visits, run_visits
 
     console = console or Console(stderr=True)
-    by_name = {p.name: p for p in points}
-    plan = plan_visits([p.name for p in points], settings.rounds, settings.seed)
-    todo = pending(plan, read_visits(run.path))
+    groups = visit_groups(points, settings)
+    members = {label: [p.name for p in group] for label, group in groups.items()}
+    plan = plan_visits(list(groups), settings.rounds, settings.seed)
+    todo = pending(plan, read_visits(run.path), members)
     if len(todo) < len(plan):
         console.print(f"[dim]resume: {len(plan) - len(todo)} visit(s) already measured in {run.path}[/dim]")
     target = child_target()
@@ -444,22 +554,25 @@ def run_sweep(
         TimeRemainingColumn(),
     )
 
-    def measure(visit: Visit) -> dict[str, Any]:
-        payload = child_payload(by_name[visit.name], settings) | {"round": visit.round}
-        return run.child(target, payload, f"{visit.name}-r{visit.round}")
+    def measure(visit: Visit) -> dict[str, dict[str, Any]]:
+        group = groups[visit.name]
+        payload = child_payload(group, settings) | {"round": visit.round}
+        return split_results(run.child(target, payload, f"{visit.name}-r{visit.round}"), group)
 
     with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("revalidate", total=len(todo))
+        task = progress.add_task("revalidate", total=sum(len(members[v.name]) for v in todo))
+
+        label_of = {name: label for label, names in members.items() for name in names}
 
         def on_visit(visit: Visit, result: dict[str, Any]) -> None:
             progress.console.print(_one_line(visit, result, settings.rounds))
             progress.advance(task)
-            if visit.slot == len(points) - 1:  # a round is complete: refresh the records
-                write_outcome(points, settings, run)
+            if visit.slot == len(groups) - 1 and visit.name == members[label_of[visit.name]][-1]:
+                write_outcome(points, settings, run)  # a round is complete: refresh the records
 
         for visit in todo:
             progress.update(task, description=f"r{visit.round + 1} {visit.name}")
-            run_visits([visit], run.path, measure, on_visit)
+            run_visits([visit], run.path, measure, on_visit, members)
     return write_outcome(points, settings, run)
 
 
@@ -473,11 +586,15 @@ def write_outcome(points: Sequence[Point], settings: SweepSettings, run: RunFold
 
     run_id, base_env = run.run_id, run.base_env
     grouped = group_by_name(read_visits(run.path), settings.rounds)
+    shared = {p.name: label for label, group in visit_groups(points, settings).items() if len(group) > 1 for p in group}
     meas = []
     for p in points:
         results = [r for r in grouped.get(p.name, []) if r is not None]
         if results:
-            meas.append(measurement_record(p, results, settings, run_id=run_id, base_env=base_env))
+            rec = measurement_record(p, results, settings, run_id=run_id, base_env=base_env)
+            if p.name in shared:
+                rec["visit_group"] = shared[p.name]
+            meas.append(rec)
     ratios = ratio_records(meas, run_id=run_id, base_env=base_env, floor=settings.floor, seed=settings.seed)
     summary = summary_record(meas, ratios, settings, run_id=run_id, base_env=base_env)
     outcome = SweepOutcome(run_dir=run.path, measurements=meas, ratios=ratios, summary=summary)
@@ -540,13 +657,15 @@ def run_revalidate(
     points = sweep_points(select_configs(grid, settings.configs), settings)
     if resume:
         _check_resumed_points(run_dir, points)
+    groups = visit_groups(points, settings)
     if note:
         console.print(f"[yellow]{note}[/yellow]")
     console.print(
         f"revalidate on {platform} ({device.get('device_kind')}): model {settings.model}, "
         f"layers {settings.layers or 'as in the grid'}, batch {list(settings.batches)}, ctx "
-        f"{list(settings.ctxs)}, KV layout {list(settings.kv_layouts)}; {len(points)} point(s) × {settings.rounds} round(s), each visit a fresh "
-        f"process taking {settings.samples} samples after {settings.warmup} warmup; timeout "
+        f"{list(settings.ctxs)}, KV layout {list(settings.kv_layouts)}; {len(points)} point(s) × "
+        f"{settings.rounds} round(s) in {len(groups)} visit(s) per round ({settings.visit}), each visit a fresh "
+        f"process taking {settings.samples} samples per point after {settings.warmup} warmup; timeout "
         f"{settings.timeout_s:g} s per visit"
     )
     run = open_run(

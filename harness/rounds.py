@@ -12,6 +12,7 @@ Data flow::
     run_visits(plan, measure, log)   for each visit not yet in `log`: result = measure(visit)
         every result is appended to RUN_DIR/visits.jsonl at once (flushed): a killed sweep keeps it,
         and `--resume` skips the visits already there (a failed visit is measured again)
+        (with `members`, a planned name is a group measured in one process: one line per member)
     group_by_name(log) ──▶ {name: [result of round 0, round 1, ...]}
 
 A result is the child's dict (`step_ms_samples`, host load, ...) or a failure record
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,24 +89,42 @@ def succeeded(line: dict[str, Any]) -> bool:
     return not is_failure(line["result"])
 
 
-def pending(plan: Sequence[Visit], lines: Iterable[dict[str, Any]]) -> list[Visit]:
-    """The visits of `plan` without a successful logged result."""
+def pending(
+    plan: Sequence[Visit], lines: Iterable[dict[str, Any]], members: Mapping[str, Sequence[str]] | None = None
+) -> list[Visit]:
+    """The visits of `plan` without a successful logged result (with `members`: for some member)."""
     done = {k for k, ln in latest_visits(lines).items() if succeeded(ln)}
-    return [v for v in plan if (v.round, v.name) not in done]
+    names = members or {}
+    return [v for v in plan if any((v.round, n) not in done for n in names.get(v.name, (v.name,)))]
 
 
 def run_visits(
     plan: Sequence[Visit],
     run_dir: Path,
-    measure: Callable[[Visit], dict[str, Any]],
+    measure: Callable[[Visit], Any],
     on_visit: Callable[[Visit, dict[str, Any]], None] | None = None,
+    members: Mapping[str, Sequence[str]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Measure every pending visit of `plan` in order, logging each at once; returns all lines."""
+    """Measure every pending visit of `plan` in order, logging each at once; returns all lines.
+
+    Plain plans: `measure(visit)` returns the visit's result. With `members` (a unit's name → the
+    names one visit of it measures together, in one process), `measure` returns {name: result}
+    and each member is logged as its own line with the unit's round and slot; `on_visit` then gets
+    one call per member."""
     lines = read_visits(run_dir)
-    for visit in pending(plan, lines):
-        lines.append(append_visit(run_dir, visit, measure(visit)))
-        if on_visit is not None:
-            on_visit(visit, lines[-1]["result"])
+    for visit in pending(plan, lines, members):
+        if members is None:
+            outcome = {visit.name: measure(visit)}
+        else:
+            outcome = measure(visit)
+            missing = set(members[visit.name]) - set(outcome)
+            if missing:
+                raise ValueError(f"visit {visit.name!r} returned no result for {sorted(missing)}")
+        for name in members[visit.name] if members is not None else (visit.name,):
+            logged = Visit(visit.round, visit.slot, name)
+            lines.append(append_visit(run_dir, logged, outcome[name]))
+            if on_visit is not None:
+                on_visit(logged, lines[-1]["result"])
     return lines
 
 

@@ -1,16 +1,16 @@
 """Timing decode steps inside a measuring child: warm buffers, pinned threads, host load per sample.
 
-Data flow (one child = one visit of one configuration)::
+Data flow (one child = one visit: one configuration, or a group of configurations sharing weights)::
 
     pin_threads(cpus)                 before jax starts: XLA sizes its CPU pool from the affinity mask
-    measure_bench(bench, samples, warmup)
-        compile_s = bench.compile()
-        state = bench.fresh_inputs()               allocated once, outside the timing
+    measure_benches(benches, samples, warmup, rng)      (measure_bench: a group of one)
+        compile_s = bench.compile()                for each bench
+        state = bench.fresh_inputs()               for each, allocated once, outside the timing
         warmup × state = bench.advance(state)      untimed: the buffers are touched and warm
-        samples × [t0; state = bench.advance(state); t1]
-        host load read over windows of ≥ MIN_WINDOW_S spanning whole samples (harness/hostload.py)
-    → {"step_ms_samples", "minor_faults", "host_other_cores", "host_steal_frac", "host_freq_mhz",
-       "compile_s", "memory_pages": {"rss_bytes", "anon_huge_bytes"}, ...}
+        samples × [each bench in a fresh random order: t0; state = bench.advance(state); t1]
+        host load read over windows of ≥ MIN_WINDOW_S spanning whole passes (harness/hostload.py)
+    → per bench {"step_ms_samples", "minor_faults", "host_other_cores", "host_steal_frac",
+       "host_freq_mhz", "compile_s", "memory_pages": {"rss_bytes", "anon_huge_bytes"}, ...}
 
 Only the step sits between the two `perf_counter` calls. The state carries the cache from step to
 step (a donated step updates it in place, a copying one writes a new cache), so no sample pays for
@@ -28,6 +28,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from harness.hostload import MIN_WINDOW_S, HostLoadMeter
 
@@ -63,25 +65,43 @@ def time_steps(bench: Any, samples: int, warmup: int) -> dict[str, list[Any]]:
     """`samples` timed steps after `warmup` untimed ones, with the host's other load per sample.
 
     Returns lists of equal length: ``step_ms``, ``faults``, ``other_cores``, ``steal_frac``, ``freq_mhz``."""
-    state = bench.fresh_inputs() if hasattr(bench, "advance") else None
-    for _ in range(warmup):
-        state, _, _ = _one_step(bench, state)
+    return time_interleaved([bench], samples, warmup)[0]
+
+
+def time_interleaved(
+    benches: Sequence[Any], samples: int, warmup: int, rng: np.random.Generator | None = None
+) -> list[dict[str, list[Any]]]:
+    """`time_steps` for several benches in one process, their samples interleaved: `warmup` untimed
+    steps of each (in list order), then `samples` passes, each stepping every bench once in a fresh
+    random order (`rng`; list order when None). Whatever slows the process for a while (a steal
+    burst, a neighbour) then lands on every bench alike instead of on whichever ran at that moment.
+
+    Host load is read over windows of whole steps lasting at least MIN_WINDOW_S; every step of a
+    window gets its reading. Returns one `time_steps` dict per bench, in list order."""
+    states = [b.fresh_inputs() if hasattr(b, "advance") else None for b in benches]
+    for i, bench in enumerate(benches):
+        for _ in range(warmup):
+            states[i], _, _ = _one_step(bench, states[i])
+    keys = ("step_ms", "faults", "other_cores", "steal_frac", "freq_mhz")
+    out: list[dict[str, list[Any]]] = [{k: [] for k in keys} for _ in benches]
     meter = HostLoadMeter()
-    out: dict[str, list[Any]] = {"step_ms": [], "faults": [], "other_cores": [], "steal_frac": [], "freq_mhz": []}
-    window: list[float] = []
+    window: list[tuple[int, float]] = []  # (bench index, ms) of the steps in the open window
     window_start = time.perf_counter()
     meter.start()
-    for i in range(samples):
-        state, ms, faults = _one_step(bench, state)
-        window.append(ms)
-        out["faults"].append(faults)
-        last = i == samples - 1
+    for s in range(samples):
+        order = range(len(benches)) if rng is None else rng.permutation(len(benches)).tolist()
+        for j in order:
+            states[j], ms, faults = _one_step(benches[j], states[j])
+            window.append((j, ms))
+            out[j]["faults"].append(faults)
+        last = s == samples - 1
         if last or time.perf_counter() - window_start >= MIN_WINDOW_S:
             load = meter.stop()
-            out["step_ms"].extend(window)
-            out["other_cores"].extend([load.other_cores] * len(window))
-            out["steal_frac"].extend([load.steal_frac] * len(window))
-            out["freq_mhz"].extend([load.freq_mhz] * len(window))
+            for j, ms in window:
+                out[j]["step_ms"].append(ms)
+                out[j]["other_cores"].append(load.other_cores)
+                out[j]["steal_frac"].append(load.steal_frac)
+                out[j]["freq_mhz"].append(load.freq_mhz)
             window = []
             window_start = time.perf_counter()
             if not last:
@@ -109,17 +129,27 @@ def memory_pages() -> dict[str, int] | None:
 
 def measure_bench(bench: Any, samples: int, warmup: int) -> dict[str, Any]:
     """Compile `bench` (timed apart), then `time_steps`; the child's result fields."""
-    compile_s = float(bench.compile())
-    timed = time_steps(bench, samples, warmup)
-    pages = memory_pages()
-    return {
-        "step_ms_samples": timed["step_ms"],
-        "minor_faults": timed["faults"],
-        "host_other_cores": timed["other_cores"],
-        "host_steal_frac": timed["steal_frac"],
-        "host_freq_mhz": timed["freq_mhz"],
-        "compile_s": compile_s,
-        "weights_bytes": int(bench.weights_bytes),
-        "kv_bytes": int(bench.kv_bytes),
-        **({"memory_pages": pages} if pages is not None else {}),
-    }
+    return measure_benches([bench], samples, warmup)[0]
+
+
+def measure_benches(
+    benches: Sequence[Any], samples: int, warmup: int, rng: np.random.Generator | None = None
+) -> list[dict[str, Any]]:
+    """Compile every bench (each timed apart), then `time_interleaved`; one result per bench."""
+    compile_s = [float(b.compile()) for b in benches]
+    timed = time_interleaved(benches, samples, warmup, rng)
+    pages = memory_pages()  # the process's, shared by every bench it measured
+    return [
+        {
+            "step_ms_samples": t["step_ms"],
+            "minor_faults": t["faults"],
+            "host_other_cores": t["other_cores"],
+            "host_steal_frac": t["steal_frac"],
+            "host_freq_mhz": t["freq_mhz"],
+            "compile_s": c,
+            "weights_bytes": int(b.weights_bytes),
+            "kv_bytes": int(b.kv_bytes),
+            **({"memory_pages": pages} if pages is not None else {}),
+        }
+        for b, c, t in zip(benches, compile_s, timed, strict=True)
+    ]

@@ -6,7 +6,8 @@ quantized PLE table? Each is answered by pairing the two points that differ only
 
     ratio   = median(reference) / median(variant)          (> 1: the variant is faster)
     CI      = paired hierarchical bootstrap over rounds and samples (harness/compare.py), on the
-              samples taken while the host was quiet when every round keeps enough of them
+              samples taken while the host was quiet when every round keeps enough of them;
+              samples paired one to one when both sides shared a process (`same_process`)
     verdict = faster | slower | equivalent | inconclusive   (practical floor, default 2%)
     rule_2iqr = the reference article's "real" / "within noise" (|ratio − 1| > 2 × the larger
               relative IQR), kept as a column to read against its tables
@@ -104,7 +105,8 @@ def ratio_records(
             cleaned = ref_dropped + var_dropped > 0
         else:  # too few quiet samples on one side: compare like with like, all samples
             ref_rounds, var_rounds, cleaned = ref["step_ms_by_round"], var["step_ms_by_round"], False
-        cmp = compare_rounds(ref_rounds, var_rounds, floor=floor, seed=seed)
+        same_process = ref.get("visit_group") is not None and ref.get("visit_group") == var.get("visit_group")
+        cmp = compare_rounds(ref_rounds, var_rounds, floor=floor, seed=seed, paired_samples=same_process)
         noise_pct = max(ref["step_rel_iqr_pct"], var["step_rel_iqr_pct"])
         rule = verdict(ref["step_ms_median"] / var["step_ms_median"], noise_pct / 100.0)
         if effect == "aa":
@@ -134,6 +136,7 @@ def ratio_records(
                 rounds=cmp.rounds,
                 rounds_to_settle=cmp.rounds_to_settle,
                 contaminated_excluded=cleaned,
+                same_process=same_process,
                 verdict=cmp.word,
                 noise_pct=noise_pct,
                 rule_2iqr=rule.label,

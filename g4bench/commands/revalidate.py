@@ -57,7 +57,7 @@ def revalidate(
         ),
     ] = None,
     samples: Annotated[
-        int | None, typer.Option(help="Timed steps per visit. (default: 5 on the CPU, 8 on an accelerator)")
+        int | None, typer.Option(help="Timed steps per configuration per visit. (default: 5 on the CPU, 8 on an accelerator)")
     ] = None,
     warmup: Annotated[
         int | None, typer.Option(help="Untimed steps per visit. (default: 2 on the CPU, 3 on an accelerator)")
@@ -74,6 +74,15 @@ def revalidate(
         typer.Option(
             help="A/A calibration: measure the one selected configuration as N independent pairs in the same "
             "interleaved design and report the false-positive rate."
+        ),
+    ] = None,
+    visit: Annotated[
+        str | None,
+        typer.Option(
+            help="separate: one fresh process per configuration per round. shared-weights: configurations "
+            "differing only in KV dtype, donation or layout share one process per round, samples interleaved, "
+            "so process-to-process speed cancels in their ratios (narrower CIs, but on XLA:CPU copying bf16-KV "
+            "steps run slower shared; caveat printed). (default: separate)"
         ),
     ] = None,
     cpus: Annotated[
@@ -133,6 +142,7 @@ def revalidate(
         seed=seed,
         floor=floor_pct / 100.0 if floor_pct is not None else None,
         aa=aa,
+        visit=visit,
         cpus=int_list(cpus, "--cpus", minimum=0),
         layers=layers,
         timeout_s=timeout,

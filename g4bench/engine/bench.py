@@ -139,11 +139,17 @@ class DecodeBench:
             tree += (jax.eval_shape(self._tables),)
         return jax.tree_util.tree_map(place, tree)
 
-    def compile(self) -> float:
-        """Materialize synthetic weights (once) and compile the step; returns compile seconds."""
+    def materialize(self) -> Any:
+        """The synthetic weights, built on first use; a bench of the same model and weight format
+        may take them (`other.params = bench.materialize()`) instead of holding its own copy."""
         if self.params is None:
             self.params = init_params(self.cfg, self.case.weight_format, self.seed)
             jax.block_until_ready(self.params)
+        return self.params
+
+    def compile(self) -> float:
+        """Materialize synthetic weights (once) and compile the step; returns compile seconds."""
+        self.materialize()
         t0 = time.perf_counter()
         self.compiled = self.jitted.lower(*self.abstract_args()).compile()
         return time.perf_counter() - t0

@@ -110,3 +110,35 @@ def test_fitted_table_folds_long_names_and_keeps_every_figure_whole():
     assert "…" not in text and all(len(line) <= 80 for line in text.splitlines())
     assert text.count("inconclusive (+100r)") == 3 and text.count("1.169–2.036") == 3
     assert "".join(line.split()[0] for line in text.splitlines()[4:6]).startswith(name[:40])
+
+
+def interleaved_pair(rng, ratio, *, rounds=3, k=8, round_sd=0.08, pass_sd=0.15, own_sd=0.02):
+    """Two configurations stepped in turn in one process per round: a per-process speed and a
+    per-pass slowdown common to both sides, plus a little noise of each side's own."""
+    ref, var = [], []
+    for _ in range(rounds):
+        common = (1.0 + rng.normal(0, round_sd)) * (1.0 + np.abs(rng.normal(0, pass_sd, size=k)))
+        ref.append(list(100.0 * ratio * common * (1.0 + rng.normal(0, own_sd, size=k))))
+        var.append(list(100.0 * common * (1.0 + rng.normal(0, own_sd, size=k))))
+    return ref, var
+
+
+def test_pass_pairing_narrows_the_ci_of_an_interleaved_pair():
+    """Slow passes hit both sides of an interleaved pair; pairing samples keeps that out of the CI."""
+    ref, var = interleaved_pair(np.random.default_rng(3), 1.10)
+    apart = compare_rounds(ref, var)
+    paired = compare_rounds(ref, var, paired_samples=True)
+    assert paired.ratio == apart.ratio
+    assert paired.ci_hi / paired.ci_lo - 1 < (apart.ci_hi / apart.ci_lo - 1) / 2
+    assert paired.word == FASTER and paired.ci_lo > 1.02
+    # unequal counts cannot be paired: the sides are resampled apart
+    assert compare_rounds(ref, [v[:-1] for v in var], paired_samples=True).ci_lo != paired.ci_lo
+
+
+def test_pass_pairing_keeps_identical_pairs_rarely_called_different():
+    rng = np.random.default_rng(11)
+    calls = []
+    for i in range(200):
+        ref, var = interleaved_pair(rng, 1.0)
+        calls.append(compare_rounds(ref, var, seed=i, n_boot=1000, paired_samples=True).word in (FASTER, SLOWER))
+    assert sum(calls) / len(calls) <= 0.05

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -28,7 +29,7 @@ from harness.revalidate import (
     select_configs,
     sweep_points,
 )
-from harness.timing import measure_bench, time_steps
+from harness.timing import measure_benches, time_steps
 
 HERE = Path(__file__).resolve()
 STEP_MS = {("bf16", False): 24.0, ("bf16", True): 12.0, ("int8", False): 16.0, ("int8", True): 10.0}
@@ -55,32 +56,43 @@ class FakeBench:
 
 
 def fake_child(payload: dict) -> dict:
-    case = payload["case"]
+    """The child protocol of harness.revalidate.revalidate_child, over FakeBench steps (interleaved
+    by the real `measure_benches`)."""
+    points = payload["points"]
     if os.environ.get("FAKE_LOG"):
         with open(os.environ["FAKE_LOG"], "a") as fh:
-            fh.write(payload["name"] + "\n")
+            fh.writelines(p["name"] + "\n" for p in points)
+    names = {p["name"] for p in points}
     if os.environ.get("FAKE_MODE") == "mixed":
-        if payload["name"] == "ple-int8/kv-bf16/copying":
+        if "ple-int8/kv-bf16/copying" in names:
             bytearray(8 * 2**30)  # past the RLIMIT_AS the test sets: MemoryError
-        if payload["name"] == "ple-int4/kv-bf16/copying":
+        if "ple-int4/kv-bf16/copying" in names:
             time.sleep(600)  # past --timeout
-        if payload["name"] == "ple-int4/kv-int8/copying":
+        if "ple-int4/kv-int8/copying" in names:
             raise RuntimeError("injected crash")
-    result = measure_bench(
-        FakeBench(STEP_MS[case["kv_dtype"], case["donate"]]), payload["samples"], payload["warmup"]
-    )
-    n = len(result["step_ms_samples"])
-    result["host_other_cores"] = [0.0] * n  # the fake is never contaminated...
-    result["host_steal_frac"] = [0.0] * n
-    if os.environ.get("FAKE_MODE") in ("hog", "steal") and payload["round"] == 1 and case["donate"]:
-        # ...unless a hog (or the hypervisor) ran while round 2 measured the donated points: 3 of 5
-        # samples slowed 3× and flagged
-        field, value = ("host_other_cores", 1.0) if os.environ["FAKE_MODE"] == "hog" else ("host_steal_frac", 0.05)
-        for i in (0, 2, 4):
-            result["step_ms_samples"][i] *= 3.0
-            result[field][i] = value
-    result["device"] = {"platform": "cpu", "device_kind": "fake cpu", "device_count": 1}
-    return result
+    speed = 1.0
+    if os.environ.get("FAKE_MODE") == "procspeed":  # each process runs at its own speed, ±40%
+        seed = [payload["round"], *points[0]["name"].encode()]  # fixed per process, so it cannot flake
+        speed = float(np.random.default_rng(seed).uniform(0.6, 1.4))
+    benches = [FakeBench(speed * STEP_MS[p["case"]["kv_dtype"], p["case"]["donate"]]) for p in points]
+    rng = np.random.default_rng(payload["round"])
+    results = {}
+    measured = measure_benches(benches, payload["samples"], payload["warmup"], rng)
+    for p, result in zip(points, measured, strict=True):
+        case = p["case"]
+        n = len(result["step_ms_samples"])
+        result["host_other_cores"] = [0.0] * n  # the fake is never contaminated...
+        result["host_steal_frac"] = [0.0] * n
+        if os.environ.get("FAKE_MODE") in ("hog", "steal") and payload["round"] == 1 and case["donate"]:
+            # ...unless a hog (or the hypervisor) ran while round 2 measured the donated points: 3 of 5
+            # samples slowed 3× and flagged
+            field, value = ("host_other_cores", 1.0) if os.environ["FAKE_MODE"] == "hog" else ("host_steal_frac", 0.05)
+            for i in (0, 2, 4):
+                result["step_ms_samples"][i] *= 3.0
+                result[field][i] = value
+        result["device"] = {"platform": "cpu", "device_kind": "fake cpu", "device_count": 1}
+        results[p["name"]] = result
+    return {"results": results}
 
 
 def fake_probe(payload: dict) -> dict:
@@ -176,16 +188,24 @@ def test_cpu_defaults_are_printed_with_reason():
     )
     assert "15 minutes" in note and "rounds 3" in note
     assert settings.layers == "f32" and "do not fuse" in note
+    assert settings.visit == "separate" and "1.35×" in note  # sharing a process biases copying steps
+    shared, note = resolve_settings(
+        "cpu", model="e2b", batches=[1], ctxs=[2], rounds=1, samples=3, warmup=0, layers="w4a16", visit="shared-weights"
+    )
+    assert shared.visit == "shared-weights" and "overstate" in note  # the caveat whenever it is chosen
     settings, note = resolve_settings(
         "tpu", model="e2b", batches=None, ctxs=None, rounds=None, samples=7, warmup=1
     )
     assert settings.layers is None
     assert (settings.batches, settings.ctxs, settings.samples, settings.rounds) == ((32,), (8192,), 7, 2)
     assert "batch 32, ctx 8192" in note and "samples" not in note
+    assert settings.visit == "separate" and "fragmentation" in note
     _, note = resolve_settings(
-        "cpu", model="e2b", batches=[1], ctxs=[2], rounds=1, samples=3, warmup=0, layers="w4a16"
+        "cpu", model="e2b", batches=[1], ctxs=[2], rounds=1, samples=3, warmup=0, layers="w4a16", visit="separate"
     )
     assert note is None
+    with pytest.raises(RevalidateError, match="--visit"):
+        resolve_settings("cpu", model="e2b", batches=[1], ctxs=[2], rounds=1, samples=3, warmup=0, visit="pairs")
 
 
 def test_points_cross_batches_and_contexts_and_aa_pairs():
@@ -224,7 +244,7 @@ def test_sweep_writes_run_folder_and_verdicts(fake_env):
     out = fake_env / "run"
     res = invoke(
         "--config", "ple-bf16/*", "--model", "tiny-a", "--batch", 8, "--ctx", 512,
-        "--rounds", 2, "--samples", 5, "--warmup", 1, "--out", out,
+        "--rounds", 2, "--samples", 5, "--warmup", 1, "--out", out, "--visit", "shared-weights",
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     records = read_records(out)
@@ -259,7 +279,9 @@ def test_sweep_writes_run_folder_and_verdicts(fake_env):
     assert (out / "command.txt").read_text().startswith("g4bench revalidate --config 'ple-bf16/*' --model tiny-a")
     env = json.loads((out / "env.json").read_text())
     assert env["settings"]["batches"] == [8] and env["settings"]["rounds"] == 2 and env["platform"] == "cpu"
-    assert (out / "logs" / "ple-bf16_kv-bf16_donated-r1.log").is_file()
+    assert (out / "logs" / "tiny-a_f32_ple-bf16_b8_ctx512-r1.log").is_file()  # one process per round
+    assert {r["visit_group"] for r in meas} == {"tiny-a/f32/ple-bf16/b8/ctx512"}
+    assert all(r["same_process"] for r in ratios.values())
     assert "donation" in res.output and "faster" in res.output and "host quiet" in res.output
     assert str(out) in res.output.replace("\n", "")
     tables = [line for line in res.output.splitlines() if str(fake_env) not in line]
@@ -337,6 +359,43 @@ def test_failures_recorded_sweep_continues_and_resume_reruns_only_them(fake_env,
     assert len((out / "command.txt").read_text().splitlines()) == 2
 
 
+def test_a_shared_visit_fails_and_resumes_as_a_whole(fake_env, monkeypatch):
+    """shared-weights: a member that kills the process fails its group's members, nobody else's;
+    --resume measures that group again, in one process."""
+    monkeypatch.setenv("FAKE_MODE", "mixed")
+    out = fake_env / "run"
+    args = ["--config", "ple-bf16/*", "--config", "ple-int8/*", "--rounds", 1, "--samples", 2, "--warmup", 0]
+    res = invoke(*args, "--batch", 2, "--ctx", 64, "--out", out, "--mem-limit-gib", 2, "--visit", "shared-weights")
+    assert res.exit_code == 1, res.output
+    meas = {r["name"]: r for r in read_records(out) if r["kind"] == "revalidate"}
+    failed = {n for n, r in meas.items() if "failure" in r}
+    assert len(meas) == 8 and failed == {n for n in meas if n.startswith("ple-int8/")}  # one OOM, its group
+    assert {meas[n]["failure"]["kind"] for n in failed} == {"oom"}
+    monkeypatch.setenv("FAKE_MODE", "ok")
+    (fake_env / "ran.txt").unlink()
+    assert invoke("--out", out, "--resume").exit_code == 0
+    assert sorted(ran(fake_env)) == sorted(failed)
+    assert not any("failure" in r for r in read_records(out) if r["kind"] == "revalidate")
+
+
+def test_shared_visits_cancel_process_speed(fake_env, monkeypatch):
+    """Each fake process runs at its own speed (±40%). With one process per configuration the
+    donation ratio's CI carries that spread; with the four sharing a process per round it cancels."""
+    monkeypatch.setenv("FAKE_MODE", "procspeed")
+    widths = {}
+    for visit in ("separate", "shared-weights"):
+        out = fake_env / visit
+        args = ["--config", "ple-bf16/*", "--rounds", 3, "--samples", 4, "--warmup", 0, "--batch", 2, "--ctx", 64]
+        res = invoke(*args, "--visit", visit, "--out", out)
+        assert res.exit_code == 0, res.output
+        ratio = next(r for r in read_records(out) if r["name"] == "donation/ple-bf16/kv-bf16")
+        assert ratio["same_process"] is (visit == "shared-weights")
+        widths[visit] = ratio["ci95_hi"] / ratio["ci95_lo"]
+        if visit == "shared-weights":
+            assert ratio["verdict"] == "faster" and ratio["ratio"] == pytest.approx(2.0, rel=0.15)
+    assert widths["shared-weights"] - 1 < (widths["separate"] - 1) / 3
+
+
 def test_resume_keeps_the_runs_config_selection(fake_env):
     """A run of two configurations, resumed without --config, measures nothing new (it used to
     fall back to the whole grid); another selection is refused."""
@@ -383,15 +442,21 @@ def test_unusable_requests_exit_2(fake_env):
 
 @pytest.mark.slow
 def test_real_engine_child_on_tiny_model(tmp_path, monkeypatch):
-    """With the lead's engine present: one real configuration of tiny-a in a child process."""
+    """With the lead's engine present: one real shared-weights visit of two tiny-a configurations
+    (donated bf16 KV and copying int8 KV) in a child process."""
     pytest.importorskip("g4bench.engine.bench")
     from harness.isolate import run_isolated
-    from harness.revalidate import CHILD_TARGET, child_payload
+    from harness.revalidate import CHILD_TARGET, child_payload, visit_groups
 
     monkeypatch.setenv("G4BENCH_JAX_CACHE_DIR", str(tmp_path / "cache"))
-    configs = select_configs(load_sweep(), ["ple-bf16/kv-bf16/donated"])
-    s = SweepSettings(model="tiny-a", batches=(2,), ctxs=(64,), rounds=1, samples=3, warmup=1)
-    payload = child_payload(sweep_points(configs, s)[0], s)
-    res = run_isolated(CHILD_TARGET, payload, timeout_s=600)
+    configs = select_configs(load_sweep(), ["ple-bf16/kv-bf16/donated", "ple-bf16/kv-int8/copying"])
+    s = SweepSettings(model="tiny-a", batches=(2,), ctxs=(64,), rounds=1, samples=3, warmup=1, visit="shared-weights")
+    (group,) = visit_groups(sweep_points(configs, s), s).values()
+    res = run_isolated(CHILD_TARGET, child_payload(group, s) | {"round": 0}, timeout_s=600)
     assert "failure" not in res, res.get("failure")
-    assert len(res["step_ms_samples"]) == 3 and res["compile_s"] > 0 and res["device"]["platform"] == "cpu"
+    assert sorted(res["results"]) == sorted(p.name for p in group)
+    for r in res["results"].values():
+        assert len(r["step_ms_samples"]) == 3 and r["compile_s"] > 0 and r["device"]["platform"] == "cpu"
+        assert r["visit_size"] == 2
+    kv = [r["kv_bytes"] for r in res["results"].values()]
+    assert kv[0] != kv[1]  # two caches (bf16 and int8), one set of weights
