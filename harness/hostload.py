@@ -37,13 +37,13 @@ import psutil
 
 CONTAMINATED_CORES = 0.2  # samples during which other processes used more than this are flagged
 CONTAMINATED_STEAL = 0.01  # ... or during which the hypervisor stole at least this share of the CPUs
+MIN_WINDOW_S = 0.5  # shortest window read (10 ms ticks on both clocks: ≤ ~0.06 cores of error)
+_BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
 
 
 def contaminated(other_cores: float, steal_frac: float) -> bool:
     """Whether a sample was taken while the host was busy (module docstring)."""
     return other_cores > CONTAMINATED_CORES or steal_frac >= CONTAMINATED_STEAL
-MIN_WINDOW_S = 0.5  # shortest window read (10 ms ticks on both clocks: ≤ ~0.06 cores of error)
-_BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ Data flow::
     probe_device() (a child) ──resolve_settings──▶ SweepSettings (defaults printed with the reason)
     visit_groups(points) ──plan_visits(groups, rounds)──run_visits──▶ one child per visit, each
         point's result logged to visits.jsonl at once
-        child: revalidate_child → pin_threads → a DecodeBench per point (weights shared) →
-               measure_benches (harness/timing.py): warm buffers, `samples` timed steps per point
-               interleaved, host load per sample
+        child (harness/revalidate_visits.py): revalidate_child → pin_threads → a DecodeBench per
+               point (weights shared) → measure_benches (harness/timing.py): warm buffers,
+               `samples` timed steps per point interleaved, host load per sample
     after each round: measurement records (pooled stats, hierarchical CI of the median, bytes and
         FLOPs by part from costs.py) + ratio records (harness/verdicts.py) → results.jsonl, summary.csv
     render tables (80 columns) · plots/ (harness/plots.py)
@@ -49,17 +49,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from harness.revalidate_visits import CHILD_TARGET, Point, child_payload, split_results, visit_groups
 from harness.run import CHILD_TIMEOUT_S, CPU_LAYERS, CPU_LAYERS_REASON, RequestError, RunFolder, on_cpu
 
 SWEEP_PATH = Path(__file__).resolve().parents[1] / "configs" / "sweeps" / "revalidate.toml"
-CHILD_TARGET = "harness.revalidate:revalidate_child"
 CHILD_ENV_VAR = "G4BENCH_REVALIDATE_CHILD"
 PROBE_ENV_VAR = "G4BENCH_REVALIDATE_PROBE"
 CASE_FIELDS = ("layers", "ple", "kv_dtype", "donate", "sliding_kv", "embed")
 KV_LAYOUTS = ("contiguous", "paged")
-# Fields one process can vary over the same weights; points that differ only in these can share a
-# visit (``--visit shared-weights``).
-ENGINE_FIELDS = frozenset({"kv_dtype", "donate", "kv_layout", "sliding_kv", "block_size"})
 VISIT_MODES = ("separate", "shared-weights")
 
 
@@ -122,14 +119,6 @@ SHARED_VISIT_CAVEAT = (
 @dataclass(frozen=True)
 class SweepConfig:
     """One grid point: a name and the DecodeCase fields it sets (layers, ple, kv_dtype, donate, ...)."""
-
-    name: str
-    case: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Point:
-    """One thing to measure: a unique name and its full DecodeCase fields (with model, batch, ctx)."""
 
     name: str
     case: dict[str, Any]
@@ -333,103 +322,6 @@ def resolve_settings(
     return settings, "\n".join(notes) or None
 
 
-# --------------------------------------------------------------------------------------- the visits
-
-
-def visit_groups(points: Sequence[Point], settings: SweepSettings) -> dict[str, list[Point]]:
-    """The points each visit measures together in one process, by a label naming the group.
-
-    ``separate``: every point alone (the label is its name). ``shared-weights``: points with the
-    same weights and shape (they differ only in `ENGINE_FIELDS`) form one group, so every ratio of
-    those fields compares samples taken in the same processes; an A/A run's pairs (aa<i>-A, aa<i>-B)
-    each form one. Points keep their order within a group."""
-    if settings.visit == "separate":
-        return {p.name: [p] for p in points}
-    groups: dict[str, list[Point]] = {}
-    if settings.aa:
-        for p in points:
-            groups.setdefault(p.name.rsplit("-", 1)[0], []).append(p)
-        return groups
-    for p in points:
-        groups.setdefault(_weights_label(p.case), []).append(p)
-    return groups
-
-
-def _weights_label(case: dict[str, Any]) -> str:
-    """What a case holds besides ENGINE_FIELDS, e.g. "e2b/f32/ple-bf16/b4/ctx8192"."""
-    held = {k: v for k, v in case.items() if k not in ENGINE_FIELDS and v is not None}
-    named = [str(held.pop("model", "")), str(held.pop("layers", "")), f"ple-{held.pop('ple', '')}"]
-    shape = [f"b{held.pop('batch', '')}", f"ctx{held.pop('ctx', '')}"]
-    return "/".join([*named, *(f"{k}-{held[k]}" for k in sorted(held)), *shape])
-
-
-def revalidate_child(payload: dict[str, Any]) -> dict[str, Any]:
-    """Isolated-child target: pin threads, build a DecodeBench per point of ``payload["points"]``
-    (points of one model and weight format share one copy of the weights), measure them with their
-    samples interleaved (harness/timing.py); returns ``{"results": {name: result}}``."""
-    from harness.timing import measure_benches, pin_threads
-
-    cpus = pin_threads(payload.get("cpus"))
-    import numpy as np
-
-    from harness.env import device_info
-    from harness.isolate import configure_jax_cache
-
-    configure_jax_cache()
-    from g4bench.engine.bench import DecodeCase, make_decode_bench
-
-    seed = int(payload.get("seed", 0))
-    members = payload["points"]
-    # build, warm and step in an order fresh to each round, so no member is always first
-    rng = np.random.default_rng([seed, int(payload.get("round", 0)), len(members)])
-    order = rng.permutation(len(members)).tolist()
-    benches = [make_decode_bench(DecodeCase(**members[i]["case"]), seed=seed) for i in order]
-    weights: dict[Any, Any] = {}
-    for b in benches:
-        key = (b.case.model, b.case.weight_format)
-        if key not in weights:
-            weights[key] = b.materialize()
-        b.params = weights[key]
-    measured = measure_benches(benches, int(payload["samples"]), int(payload["warmup"]), rng)
-    device = device_info()
-    results = {}
-    for i, result in zip(order, measured, strict=True):
-        results[members[i]["name"]] = {**result, "device": device, "cpus": cpus, "visit_size": len(members)}
-    return {"results": results}
-
-
-def child_payload(group: Sequence[Point], settings: SweepSettings) -> dict[str, Any]:
-    """The JSON the child receives: each point's name and full DecodeCase, the sampling plan, the
-    seed and CPU set."""
-    return {
-        "points": [{"name": p.name, "case": p.case} for p in group],
-        "samples": settings.samples,
-        "warmup": settings.warmup,
-        "seed": settings.seed,
-        "cpus": list(settings.cpus) if settings.cpus else None,
-    }
-
-
-def split_results(outcome: dict[str, Any], group: Sequence[Point]) -> dict[str, dict[str, Any]]:
-    """{name: result} from a child's outcome; a failure (the child died, or returned something
-    else) is every member's failure, and a member the child left out fails with a "crash"."""
-    from harness.results import is_failure
-
-    if is_failure(outcome):
-        return {p.name: outcome for p in group}
-    results = outcome.get("results") if isinstance(outcome, dict) else None
-    if not isinstance(results, dict):
-        results = {}
-    out = {}
-    for p in group:
-        if p.name in results:
-            out[p.name] = {**results[p.name], "wall_s": outcome.get("wall_s", 0.0) / len(group)}
-        else:
-            detail = f"the child returned no result for {p.name!r}"
-            out[p.name] = {"failure": {"kind": "crash", "detail": detail}, "wall_s": outcome.get("wall_s", 0.0)}
-    return out
-
-
 def child_target() -> str:
     """The child entry point: `CHILD_TARGET`, or the override in ``G4BENCH_REVALIDATE_CHILD``."""
     return os.environ.get(CHILD_ENV_VAR) or CHILD_TARGET
@@ -562,17 +454,15 @@ def run_sweep(
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("revalidate", total=sum(len(members[v.name]) for v in todo))
 
-        label_of = {name: label for label, names in members.items() for name in names}
-
         def on_visit(visit: Visit, result: dict[str, Any]) -> None:
             progress.console.print(_one_line(visit, result, settings.rounds))
             progress.advance(task)
-            if visit.slot == len(groups) - 1 and visit.name == members[label_of[visit.name]][-1]:
-                write_outcome(points, settings, run)  # a round is complete: refresh the records
 
         for visit in todo:
             progress.update(task, description=f"r{visit.round + 1} {visit.name}")
             run_visits([visit], run.path, measure, on_visit, members)
+            if visit.slot == len(groups) - 1:  # a round is complete: refresh the records
+                write_outcome(points, settings, run)
     return write_outcome(points, settings, run)
 
 
