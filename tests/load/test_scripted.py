@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -26,10 +27,11 @@ from harness.load.slo import SLO
 from harness.load.workloads import WorkloadConfig
 from tests.load.scripted_server import MODEL, Script, ThreadServer
 
-TOL_MS = 8.0
-# Absolute TTFT also carries the client's own event-loop and loopback delay, which grows when the
-# machine is busy; differences between timestamps of one stream (E2E − TTFT, ITL) cancel it.
-TTFT_SLACK_MS = 50.0
+# The script fixes when a chunk may leave the server at the earliest; when it reaches the client also
+# carries loopback and event-loop delay, which on a loaded 2-core CI machine reached 30 ms. Checks
+# against the script therefore hold firm lower bounds and a load margin above; checks that the
+# metrics follow their definitions are exact, against the records the same run wrote.
+LOAD_SLACK_MS = 60.0
 HERE = Path(__file__).resolve().parent
 
 
@@ -54,9 +56,10 @@ def test_client_timings_exact() -> None:
             r = asyncio.run(go(srv.url, chat))
             assert r.ok, r.error
             assert r.chunk_tokens == [1, 1, 2, 1, 1, 2] and r.completion_tokens == 8
-            assert 99 <= r.chunk_times[0] * 1e3 <= 100 + TTFT_SLACK_MS  # role chunk (sent at once) ignored
+            assert 99 <= r.chunk_times[0] * 1e3 <= 100 + LOAD_SLACK_MS  # role chunk (sent at once) ignored
             gaps = [(b - a) * 1e3 for a, b in zip(r.chunk_times, r.chunk_times[1:], strict=False)]
-            assert gaps == pytest.approx([20] * 5, abs=TOL_MS)
+            assert len(gaps) == 5 and all(0 <= g <= 20 + LOAD_SLACK_MS for g in gaps)
+            assert 100 - LOAD_SLACK_MS <= sum(gaps) <= 100 + LOAD_SLACK_MS  # stamped per chunk, not buffered
             assert r.prompt_tokens == (5 if chat else 3)
             assert r.output_ids == list(range(100, 108)) and r.text == "abcdefgh"
 
@@ -69,15 +72,21 @@ def test_agent_run_metrics_goodput_and_checks(tmp_path: Path) -> None:
         assert result.partial_reason is None
         summary = report.write_run(result, tmp_path, {"run_id": "t", "argv": ["x"], "model_name": MODEL,
                                                       "env": _env()})  # fmt: skip
-    for lv in summary["levels"]:
+    for lv, level in zip(summary["levels"], result.levels, strict=True):
         assert (lv["completed"], lv["failed"]) == (9, 0)
         assert lv["good_requests"] == 6 and lv["slo_attainment"] == pytest.approx(6 / 9)  # every 3rd is slow
-        assert lv["request_goodput"] == pytest.approx(6 / result.levels[0].duration_s, rel=0.5)
-        # TTFT and E2E carry the client→server delay δ (≥ 0, a few ms); E2E − TTFT, TPOT, ITL do not.
-        assert 99 <= lv["median_ttft_ms"] <= 100 + TTFT_SLACK_MS
-        assert lv["median_e2el_ms"] - lv["median_ttft_ms"] == pytest.approx(100, abs=TOL_MS)
-        assert lv["median_tpot_ms"] == pytest.approx(100 / 7, abs=TOL_MS / 7)
-        assert lv["median_itl_ms"] == pytest.approx(20, abs=TOL_MS)
+        assert lv["request_goodput"] == pytest.approx(6 / level.duration_s, rel=0.5)
+        # The definitions, recomputed from this level's records: TTFT = first content chunk, E2E = last,
+        # TPOT = (E2E − TTFT) / (tokens − 1) over tokens (8), not chunks (6), ITL = every chunk gap.
+        times = [np.array(r.chunk_times) * 1e3 for r in level.records]
+        assert lv["median_ttft_ms"] == pytest.approx(np.median([t[0] for t in times]))
+        assert lv["median_e2el_ms"] == pytest.approx(np.median([t[-1] for t in times]))
+        assert lv["median_tpot_ms"] == pytest.approx(np.median([(t[-1] - t[0]) / 7 for t in times]))
+        assert lv["median_itl_ms"] == pytest.approx(np.median(np.concatenate([np.diff(t) for t in times])))
+        # Against the script: TTFT ≥ 100 ms (a chunk never leaves early); E2E − TTFT ≈ 100 ms, ITL ≈ 20 ms.
+        assert 99 <= lv["median_ttft_ms"] <= 100 + LOAD_SLACK_MS
+        assert abs(lv["median_e2el_ms"] - lv["median_ttft_ms"] - 100) <= LOAD_SLACK_MS
+        assert 0 <= lv["median_itl_ms"] <= 20 + LOAD_SLACK_MS
         assert lv["mean_tokens_per_chunk"] == pytest.approx(8 / 6)
         ck = lv["checks"]
         assert ck["output_tokens"]["mismatches"] == 0 and ck["prefix"]["not_prefix"] == 0
