@@ -100,11 +100,13 @@ def admission_rows(
     shared_prefix: int = 0,
 ) -> list[dict[str, Any]]:
     """One row per (kv dtype, sliding, agents, context per agent), from the run's donated decode
-    ceilings; with `shared_prefix`, contexts longer than it are also given with it shared."""
+    ceilings of its first KV layout; with `shared_prefix`, contexts longer than it are also given
+    with it shared."""
     from g4bench.engine.bench import DecodeCase
     from g4bench.model.config import load_config
     from g4bench.model.params import param_bytes
 
+    layout = getattr(settings, "kv_layouts", ("contiguous",))[0]
     rows = []
     for kv in settings.kv:
         for sliding in settings.sliding:
@@ -112,6 +114,7 @@ def admission_rows(
                 c for c in ceilings
                 if c["config"]["program"] == "decode" and c["config"]["donate"] and c["config"]["kv_dtype"] == kv
                 and c["config"]["sliding_kv"] == sliding and c["config"]["ple"] == settings.ple[0]
+                and c["config"].get("kv_layout", "contiguous") == layout
             ]  # fmt: skip
             overhead = overhead_of(match[0]) if match else None
             source = "compiled ceiling" if overhead is not None else "weights only (no measured ceiling)"

@@ -53,7 +53,8 @@ class CapacityConfig:
             if self.program == "decode"
             else ("prefill-oneshot" if self.tokens >= c.ctx else f"prefill-chunk{self.tokens}")
         )
-        return f"{prog}/{self.target}/layers-{c.layers}/ple-{c.ple}/kv-{c.kv_dtype}/{step}/sliding-{c.sliding_kv}/ctx{c.ctx}"
+        paged = "/paged" if c.kv_layout == "paged" else ""  # contiguous names stay as they were
+        return f"{prog}/{self.target}/layers-{c.layers}/ple-{c.ple}/kv-{c.kv_dtype}/{step}/sliding-{c.sliding_kv}{paged}/ctx{c.ctx}"
 
     def payload(self, batch: int) -> dict[str, Any]:
         return {
@@ -70,7 +71,7 @@ class CapacityConfig:
             "model": c.model, "layers": c.layers, "ple": c.ple, "embed": c.embed, "kv_dtype": c.kv_dtype,
             "donate": c.donate, "sliding_kv": c.sliding_kv, "ctx": c.ctx, "target": self.target,
             "program": self.program, "tokens": self.tokens, "compute": self.compute,
-        }  # fmt: skip
+        } | ({"kv_layout": c.kv_layout} if c.kv_layout != "contiguous" else {})  # fmt: skip
 
 
 def per_seq_bytes(cfg_case: Any, program: str) -> int:
@@ -275,21 +276,24 @@ class Settings:
     tol: float
     prefill_tokens: tuple[int, ...]
     tpot_ms: float | None = None  # TPOT objective: adds latency ceilings (harness/capacity_latency.py)
+    kv_layouts: tuple[str, ...] = ("contiguous",)  # decode configurations only; prefill is sized contiguous
 
 
 def configurations(s: Settings) -> list[CapacityConfig]:
-    """Decode configurations (sliding × kv × step × PLE), then prefill ones (donated, per kv and
-    sliding, one per prompt length in `prefill_tokens`; a length ≥ ctx is one-shot)."""
+    """Decode configurations (KV layout × sliding × kv × step × PLE), then prefill ones (donated,
+    contiguous, per kv and sliding, one per prompt length in `prefill_tokens`; a length ≥ ctx is
+    one-shot)."""
     from g4bench.engine.bench import DecodeCase
 
     out = []
-    for sliding in s.sliding:
-        for kv in s.kv:
-            for step in s.steps:
-                for ple in s.ple:
-                    case = DecodeCase(model=s.model, layers=s.layers, ple=ple, kv_dtype=kv, donate=step == "donated",
-                                      sliding_kv=sliding, batch=1, ctx=s.ctx)  # fmt: skip
-                    out.append(CapacityConfig(case, s.target, compute=s.compute))
+    for layout in s.kv_layouts:
+        for sliding in s.sliding:
+            for kv in s.kv:
+                for step in s.steps:
+                    for ple in s.ple:
+                        case = DecodeCase(model=s.model, layers=s.layers, ple=ple, kv_dtype=kv, donate=step == "donated",
+                                          sliding_kv=sliding, batch=1, ctx=s.ctx, kv_layout=layout)  # fmt: skip
+                        out.append(CapacityConfig(case, s.target, compute=s.compute))
     for sliding in s.sliding:
         for kv in s.kv:
             for t in s.prefill_tokens:

@@ -109,7 +109,8 @@ def ceiling_latency(
             continue
         b = int(c["max_batch"])
         ms = step_ms(pricing, cfg, b)
-        row = {"name": c["name"], "kv_dtype": cfg["kv_dtype"], "step": "donated" if cfg["donate"] else "copying",
+        step = ("donated" if cfg["donate"] else "copying") + (" paged" if cfg.get("kv_layout") == "paged" else "")
+        row = {"name": c["name"], "kv_dtype": cfg["kv_dtype"], "step": step,
                "sliding_kv": cfg["sliding_kv"], "memory_ceiling": b, "step_ms_at_memory": ms,
                **economics(pricing, b, ms), "basis": pricing.basis}  # fmt: skip
         if tpot_ms is not None:

@@ -66,7 +66,8 @@ def _label(c: dict[str, Any]) -> str:
     cfg = c["config"]
     prog = c["name"].split("/")[0]
     step = "donated" if cfg["donate"] else "copying"
-    return f"{'' if prog == 'decode' else prog + ' / '}{cfg['kv_dtype']} / {step} / {cfg['sliding_kv']} / ple {cfg['ple']}"
+    paged = " / paged" if cfg.get("kv_layout") == "paged" else ""
+    return f"{'' if prog == 'decode' else prog + ' / '}{cfg['kv_dtype']} / {step} / {cfg['sliding_kv']} / ple {cfg['ple']}{paged}"
 
 
 def ceilings_tables(ceilings: Sequence[dict[str, Any]], title: str) -> list[Any]:
@@ -105,26 +106,31 @@ def ceilings_tables(ceilings: Sequence[dict[str, Any]], title: str) -> list[Any]
 
 
 def ratio_lines(ceilings: Sequence[dict[str, Any]]) -> list[str]:
-    """donated ÷ copying and ring ÷ full ceiling ratios between matching decode configurations."""
+    """donated ÷ copying, ring ÷ full and paged ÷ contiguous ceiling ratios between matching decode
+    configurations."""
     dec = {
-        (c["config"]["kv_dtype"], c["config"]["donate"], c["config"]["sliding_kv"], c["config"]["ple"]): c[
-            "max_batch"
-        ]
+        (c["config"].get("kv_layout", "contiguous"), c["config"]["kv_dtype"], c["config"]["donate"],
+         c["config"]["sliding_kv"], c["config"]["ple"]): c["max_batch"]
         for c in ceilings
         if c["config"]["program"] == "decode" and "max_batch" in c
-    }
+    }  # fmt: skip
     out = []
-    for (kv, don, sl, ple), b in sorted(dec.items()):
-        if don and dec.get((kv, False, sl, ple)):
-            out.append(
-                f"donated ÷ copying, kv {kv}, sliding {sl}, ple {ple}: {b} ÷ {dec[(kv, False, sl, ple)]} = {b / dec[(kv, False, sl, ple)]:.3f}"
-            )
-    for (kv, don, sl, ple), b in sorted(dec.items()):
-        if sl == "ring" and dec.get((kv, don, "full", ple)):
+    for (lay, kv, don, sl, ple), b in sorted(dec.items()):
+        paged = ", paged" if lay == "paged" else ""
+        if don and dec.get((lay, kv, False, sl, ple)):
+            other = dec[(lay, kv, False, sl, ple)]
+            out.append(f"donated ÷ copying, kv {kv}, sliding {sl}, ple {ple}{paged}: {b} ÷ {other} = {b / other:.3f}")
+    for (lay, kv, don, sl, ple), b in sorted(dec.items()):
+        paged = ", paged" if lay == "paged" else ""
+        if sl == "ring" and dec.get((lay, kv, don, "full", ple)):
             step = "donated" if don else "copying"
-            out.append(
-                f"ring ÷ full sliding KV, kv {kv}, {step}: {b} ÷ {dec[(kv, don, 'full', ple)]} = {b / dec[(kv, don, 'full', ple)]:.2f}"
-            )
+            other = dec[(lay, kv, don, "full", ple)]
+            out.append(f"ring ÷ full sliding KV, kv {kv}, {step}{paged}: {b} ÷ {other} = {b / other:.2f}")
+    for (lay, kv, don, sl, ple), b in sorted(dec.items()):
+        if lay == "paged" and dec.get(("contiguous", kv, don, sl, ple)):
+            step = "donated" if don else "copying"
+            other = dec[("contiguous", kv, don, sl, ple)]
+            out.append(f"paged ÷ contiguous, kv {kv}, {step}, sliding {sl}: {b} ÷ {other} = {b / other:.3f}")
     return out
 
 

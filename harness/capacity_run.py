@@ -53,6 +53,7 @@ class CapacityRequest:
     steps: tuple[str, ...] | None = None  # "donated" | "copying"
     ple: tuple[str, ...] | None = None
     sliding: tuple[str, ...] | None = None  # "full" | "ring"
+    kv_layouts: tuple[str, ...] | None = None  # "contiguous" | "paged" (decode configurations)
     layers: str | None = None
     compute: str | None = None
     prefill_tokens: tuple[int, ...] | None = None
@@ -156,6 +157,7 @@ def resolve_settings(req: CapacityRequest, console: Any) -> Settings:
         steps=tuple(req.steps or ("donated", "copying")),
         ple=tuple(req.ple or ("bf16",)),
         sliding=tuple(req.sliding or ("full", "ring")),
+        kv_layouts=tuple(req.kv_layouts or ("contiguous",)),
         layers=layers,
         compute=req.compute,
         limit_bytes=limit,
@@ -251,6 +253,8 @@ def run_capacity(
         dev = search.ceiling_probe.result.get("device") if search.ceiling_probe else None
         outcome.ceilings.append(record(cfg.name, cfg.config(), fields, dev))
     rows = admission_rows(outcome.ceilings, s, shared_prefix=int(req.shared_prefix or 0))
+    if len(s.kv_layouts) > 1:
+        console.print(f"admission counts the {s.kv_layouts[0]} ceilings (the first --kv-layout)")
     keys = ("kv_dtype", "sliding_kv", "agents", "agent_ctx", "model", "target", "shared_prefix")
     pricing = pricing_for(s.target)
     annotate_admission(rows, s, pricing, s.tpot_ms)

@@ -58,16 +58,25 @@ class RooflineSettings:
     timeout_s: float = CHILD_TIMEOUT_S
     mem_limit_bytes: int | None = None
     seed: int = 0
+    kv_layout: str = "contiguous"
 
     def case(self, batch: int, ctx: int) -> dict[str, Any]:
-        """The DecodeCase fields of one shape (the engine's donated step, full-length sliding KV)."""
-        return {
+        """The DecodeCase fields of one shape (the engine's donated step, full-length sliding KV;
+        block pools read by table when `kv_layout` is "paged")."""
+        case: dict[str, Any] = {
             "model": self.model,
             "layers": self.layers,
             "kv_dtype": self.kv_dtype,
             "batch": batch,
             "ctx": ctx,
         }
+        if self.kv_layout != "contiguous":  # contiguous runs keep their names and identities
+            case["kv_layout"] = self.kv_layout
+        return case
+
+    def step_name(self, batch: int, ctx: int) -> str:
+        paged = "/paged" if self.kv_layout == "paged" else ""
+        return f"decode/b{batch}/ctx{ctx}{paged}"
 
 
 @dataclass(frozen=True)
@@ -84,8 +93,10 @@ class RooflineRequest:
     breakdown: bool | None = None
     timeout_s: float | None = None
     mem_limit_bytes: int | None = None
+    kv_layout: str | None = None
 
 
+KV_LAYOUTS = ("contiguous", "paged")
 ACCELERATOR_DEFAULTS = dict(
     layers="w4a16",
     kv_dtype="bf16",
@@ -126,7 +137,10 @@ def resolve_settings(platform: str | None, request: RooflineRequest) -> tuple[Ro
         batches=tuple(values["batches"]),
         ctxs=tuple(sorted(values["ctxs"])),
         breakdown=bool(values["breakdown"]),
+        kv_layout=request.kv_layout or "contiguous",
     )
+    if settings.kv_layout not in KV_LAYOUTS:
+        raise RooflineError(f"--kv-layout must be one of {', '.join(KV_LAYOUTS)}, got {settings.kv_layout!r}")
     if min(settings.batches) < 1 or min(settings.ctxs) < 1 or settings.samples < 1:
         raise RooflineError("batch, ctx and samples must be >= 1")
     if not applied:
@@ -260,7 +274,7 @@ def step_record(
     case_fields = settings.case(batch, ctx)
     config = {**case_fields, "samples": settings.samples, "warmup": settings.warmup, "seed": settings.seed}
     base = _base(run_id, base_env, config, result)
-    name = f"decode/b{batch}/ctx{ctx}"
+    name = settings.step_name(batch, ctx)
     if is_failure(result):
         return make_record(
             "roofline", name, **base, failure=result["failure"], wall_s=result.get("wall_s", 0.0)
@@ -432,7 +446,7 @@ def run_roofline(
     run_id, base_env = run.run_id, run.base_env
     console.print(
         f"roofline on {platform} ({device.get('device_kind')}): model {settings.model}, layers {settings.layers}, "
-        f"KV {settings.kv_dtype}, batch {list(settings.batches)}, ctx {list(settings.ctxs)}, {settings.samples} samples, "
+        f"KV {settings.kv_dtype} {settings.kv_layout}, batch {list(settings.batches)}, ctx {list(settings.ctxs)}, {settings.samples} samples, "
         "one fresh process per shape"
     )
     with console.status("calibrating streaming bandwidth (sum, max, matvec, copy)…"):

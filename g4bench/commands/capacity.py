@@ -26,6 +26,13 @@ def capacity(
     sliding_kv: Annotated[
         str, typer.Option(help="Sliding-layer KV: full (max_len) and/or ring (window-sized).")
     ] = "full,ring",
+    kv_layout: Annotated[
+        str,
+        typer.Option(
+            help="Decode KV layouts, comma-separated: contiguous (per slot) and/or paged (block pools read by "
+            "table, what `g4bench serve` runs by default). Prefill is sized contiguous."
+        ),
+    ] = "contiguous",
     target: Annotated[
         str, typer.Option(help="local (run on this device) or a compile target: tpu-v5e, tpu-v6e, tpu-v5p.")
     ] = "local",
@@ -84,6 +91,7 @@ def capacity(
         steps=_split(step),
         ple=_split(ple),
         sliding=_split(sliding_kv),
+        kv_layouts=_split(kv_layout),
         target=target,
         layers=layers,
         prefill_tokens=tuple(int(t) for t in _split(prefill) or ()),
@@ -95,6 +103,7 @@ def capacity(
     )
     bad = [s for s in request.steps or () if s not in ("donated", "copying")]
     bad += [s for s in request.sliding or () if s not in ("full", "ring")]
+    bad += [s for s in request.kv_layouts or () if s not in ("contiguous", "paged")]
     if bad:
         console.print(f"[red]capacity: unknown values {bad}[/red]")
         raise typer.Exit(code=2)

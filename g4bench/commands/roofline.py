@@ -29,6 +29,14 @@ def roofline(
         ),
     ] = None,
     kv_dtype: Annotated[str | None, typer.Option(help="KV cache dtype: bf16, int8 or f32. (default: bf16)")] = None,
+    kv_layout: Annotated[
+        str | None,
+        typer.Option(
+            help="KV cache layout: contiguous, or paged (block pools read by table, as the server serves); "
+            "the byte model is the same, so XLA's bytes and the fraction of calibrated show what the paged read costs. "
+            "(default: contiguous)"
+        ),
+    ] = None,
     layers: Annotated[
         str | None,
         typer.Option(
@@ -73,6 +81,7 @@ def roofline(
         batches=int_list(batch, "--batch"),
         ctxs=int_list(ctx, "--ctx"),
         kv_dtype=kv_dtype,
+        kv_layout=kv_layout,
         layers=layers,
         samples=samples,
         warmup=warmup,

@@ -117,6 +117,7 @@ def serve_load(
         free_port,
         has_accelerator,
         serve_command,
+        wait_ready,
     )
     from harness.load.slo import load_slo
     from harness.load.workloads import WorkloadConfig
@@ -201,6 +202,8 @@ def serve_load(
             base_url = server.base_url
         else:
             base_url = url.rstrip("/")
+            with console.status(f"waiting for {base_url}/health (503 while the server warms up)…"):
+                wait_ready(base_url)
         served = check_server(base_url, model_name, api_key)
         cfg = LoadConfig(
             base_url=base_url,

@@ -6,8 +6,9 @@ folder. We poll GET /health until 200 (503 means still warming up / compiling) u
 failing early with the log's tail if the child exits. `ManagedServer.stop` (called from a `finally`,
 so also on Ctrl-C and errors) sends SIGTERM to the whole group, then SIGKILL after a grace period.
 
-Any server (--url): GET /v1/models must answer and list --model-name; otherwise `ServerError` with a
-message that says what to fix. `alive()` is the mid-run liveness probe the runner calls after a
+Any server (--url): `wait_ready` first waits while GET /health answers 503 (a server still warming up
+would otherwise put its compile time into the first requests' TTFT); then GET /v1/models must
+answer and list --model-name; otherwise `ServerError` with a message that says what to fix. `alive()` is the mid-run liveness probe the runner calls after a
 connection-level failure: a dead child or a refused /health means the server is gone.
 """
 
@@ -115,6 +116,33 @@ class ManagedServer:
                 return
             except subprocess.TimeoutExpired:
                 continue
+
+
+READY_TIMEOUT_S = 600.0
+
+
+def wait_ready(base_url: str, timeout_s: float = READY_TIMEOUT_S, poll_s: float = 0.5) -> str:
+    """Wait until GET /health stops answering 503 (warming up); returns what was seen.
+
+    "ready": /health answered 200. "no /health": 404/405, a server without the endpoint (we go on).
+    "unreachable": no answer at all (`check_server` then says so). Still 503 (or another 5xx) after
+    `timeout_s` → `ServerError`, so a run never starts against a server that is compiling."""
+    url = base_url.rstrip("/") + "/health"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            code = httpx.get(url, timeout=5.0).status_code
+        except httpx.HTTPError:
+            return "unreachable"
+        if code == 200:
+            return "ready"
+        if code in (404, 405):
+            return "no /health"
+        if code < 500:
+            return f"/health {code}"
+        if time.monotonic() >= deadline:
+            raise ServerError(f"{url} still answers HTTP {code} after {timeout_s:g} s; is the server warming up or stuck?")
+        time.sleep(poll_s)
 
 
 def check_server(base_url: str, model_name: str | None, api_key: str | None = None) -> str:

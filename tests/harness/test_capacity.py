@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -200,6 +201,38 @@ def test_admission_rows_use_the_compiled_overhead() -> None:
     assert rows[0]["overhead_source"] == "compiled ceiling"
     fallback = admission_rows([], settings, agents=(8,), contexts=(8192,))
     assert fallback[0]["overhead_source"].startswith("weights only")
+
+
+def test_paged_layout_is_its_own_configuration_with_its_own_ratio() -> None:
+    """--kv-layout contiguous,paged: each decode case twice (contiguous names unchanged, paged ones
+    marked), a paged ÷ contiguous ceiling line, and admission from the first layout's ceilings."""
+    from harness.capacity import Settings, configurations
+    from harness.capacity_report import ratio_lines
+
+    s = Settings(model="e2b", ctx=8192, target="tpu-v6e", kv=("bf16",), steps=("donated",), ple=("bf16",),
+                 sliding=("full",), layers="w4a16", compute=None, limit_bytes=1, limit_source="x",
+                 mem_limit_bytes=None, timeout_s=1.0, tol=0.0, prefill_tokens=(256,),
+                 kv_layouts=("contiguous", "paged"))  # fmt: skip
+    cfgs = configurations(s)
+    names = [c.name for c in cfgs]
+    assert names == [
+        "decode/tpu-v6e/layers-w4a16/ple-bf16/kv-bf16/donated/sliding-full/ctx8192",
+        "decode/tpu-v6e/layers-w4a16/ple-bf16/kv-bf16/donated/sliding-full/paged/ctx8192",
+        "prefill-chunk256/tpu-v6e/layers-w4a16/ple-bf16/kv-bf16/donated/sliding-full/ctx8192",  # prefill: contiguous
+    ]
+    assert "kv_layout" not in cfgs[0].config() and cfgs[1].config()["kv_layout"] == "paged"
+    assert cfgs[1].payload(4)["case"]["kv_layout"] == "paged"
+
+    def ceiling(cfg, batch: int, overhead: int) -> dict:
+        return {"config": cfg.config(), "max_batch": batch, "kv_bytes": batch * 150_994_944,
+                "peak_bytes": batch * 150_994_944 + overhead, "limit_bytes": 33_543_694_581}  # fmt: skip
+
+    ceilings = [ceiling(cfgs[0], 171, 7_000_000_000), ceiling(cfgs[1], 150, 9_000_000_000)]
+    assert "paged ÷ contiguous, kv bf16, donated, sliding full: 150 ÷ 171 = 0.877" in ratio_lines(ceilings)
+    rows = admission_rows(ceilings, s, agents=(8,), contexts=(8192,))
+    assert [r["overhead_bytes"] for r in rows] == [7_000_000_000]  # the contiguous ceiling, listed first
+    rows = admission_rows(ceilings, replace(s, kv_layouts=("paged",)), agents=(8,), contexts=(8192,))
+    assert [r["overhead_bytes"] for r in rows] == [9_000_000_000]
 
 
 def test_admission_counts_a_shared_prefix_once() -> None:

@@ -1,8 +1,9 @@
 """`g4bench revalidate` end to end with fake children (no engine needed).
 
 The fake child (`fake_child` below, run in a fresh process via G4BENCH_REVALIDATE_CHILD) builds a
-`FakeBench` whose step sleeps a known time and goes through the real timing code
-(`measure_bench`); in "mixed" mode some configurations exhaust memory, hang or crash. Tests
+`FakeBench` per point whose step advances a fake clock by a known time (±10% seeded jitter) and
+goes through the real timing code (`measure_benches`), so no assertion depends on the machine's
+speed; in "mixed" mode some configurations exhaust memory, hang or crash. Tests
 assert the failure records, that the sweep went on, and that --resume reruns only what failed.
 """
 
@@ -36,23 +37,43 @@ STEP_MS = {("bf16", False): 24.0, ("bf16", True): 12.0, ("int8", False): 16.0, (
 
 
 class FakeBench:
-    """Stands in for g4bench.engine.bench.DecodeBench: a step that sleeps `step_ms`."""
+    """Stands in for g4bench.engine.bench.DecodeBench: building inputs takes `inputs_ms` and a step
+    `step_ms` — slept, or, given a `clock` (a `FakeClock`), added to it (the step times a seeded
+    jitter within ±`jitter`) without sleeping."""
 
-    def __init__(self, step_ms: float, inputs_ms: float = 0.0):
+    def __init__(self, step_ms: float, inputs_ms: float = 0.0, clock=None, seed=0, jitter=0.1):
         self.step_ms, self.inputs_ms = step_ms, inputs_ms
         self.weights_bytes, self.kv_bytes = 1234, 567
         self.steps = 0
+        self.clock, self.jitter, self.rng = clock, jitter, np.random.default_rng(seed)
 
     def compile(self) -> float:
         return 0.25
 
+    def _take(self, ms: float) -> None:
+        if self.clock is None:
+            time.sleep(ms / 1e3)
+        else:
+            self.clock.now += ms / 1e3
+
     def fresh_inputs(self):
-        time.sleep(self.inputs_ms / 1e3)
+        self._take(self.inputs_ms)
         return object()
 
     def step(self, inputs) -> None:
         self.steps += 1
-        time.sleep(self.step_ms / 1e3)
+        self._take(self.step_ms * float(self.rng.uniform(1 - self.jitter, 1 + self.jitter)))
+
+
+class FakeClock:
+    """A perf_counter that only the fake steps move: timings in the fake children are exact on any
+    machine, however loaded."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def fake_child(payload: dict) -> dict:
@@ -74,7 +95,15 @@ def fake_child(payload: dict) -> dict:
     if os.environ.get("FAKE_MODE") == "procspeed":  # each process runs at its own speed, ±40%
         seed = [payload["round"], *points[0]["name"].encode()]  # fixed per process, so it cannot flake
         speed = float(np.random.default_rng(seed).uniform(0.6, 1.4))
-    benches = [FakeBench(speed * STEP_MS[p["case"]["kv_dtype"], p["case"]["donate"]]) for p in points]
+    import harness.timing
+
+    clock = FakeClock()
+    harness.timing.perf_counter = clock  # this child's own module: the timing code reads the fake clock
+    benches = [
+        FakeBench(speed * STEP_MS[p["case"]["kv_dtype"], p["case"]["donate"]], clock=clock,
+                  seed=[payload["round"], *p["name"].encode()])
+        for p in points
+    ]  # fmt: skip
     rng = np.random.default_rng(payload["round"])
     results = {}
     measured = measure_benches(benches, payload["samples"], payload["warmup"], rng)
@@ -143,12 +172,16 @@ def test_grid_is_the_twelve_configurations():
         select_configs(configs, ["ple-int2/*"])
 
 
-def test_timing_excludes_input_building():
-    bench = FakeBench(step_ms=2.0, inputs_ms=30.0)
+def test_timing_excludes_input_building(monkeypatch):
+    import harness.timing
+
+    clock = FakeClock()
+    monkeypatch.setattr(harness.timing, "perf_counter", clock)
+    bench = FakeBench(step_ms=2.0, inputs_ms=30.0, clock=clock, jitter=0.0)
     timed = time_steps(bench, samples=5, warmup=2)
     assert bench.steps == 7
     assert len(timed["step_ms"]) == len(timed["other_cores"]) == 5
-    assert all(1.5 < t < 25.0 for t in timed["step_ms"])  # the 30 ms of fresh_inputs is outside the timing
+    assert timed["step_ms"] == pytest.approx([2.0] * 5)  # the 30 ms of fresh_inputs is outside the timing
 
 
 class CarryBench(FakeBench):

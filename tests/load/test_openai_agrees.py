@@ -1,5 +1,9 @@
 """An independent client (the official `openai` package timing its own stream) agrees with
-serve-load's median TTFT and TPOT within 5% on the same scripted server and load (2 concurrent)."""
+serve-load's median TTFT and TPOT within 5% on the same scripted server and load (2 concurrent).
+
+The script runs at three times its default pace (TTFT 300 ms, a chunk every 60 ms) so that the
+loopback and event-loop delay of a busy 2-core machine (up to ~30 ms seen) stays well inside 5%;
+the definitions themselves are checked exactly in test_scripted.py."""
 
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ def _openai_one(client, i: int) -> tuple[float, float]:
 
 
 def test_openai_client_agrees_within_5_percent() -> None:
-    with ThreadServer(Script()) as srv:
+    with ThreadServer(Script(ttft_s=0.3, gap_s=0.06)) as srv:
         wl = WorkloadConfig(kind="fixed", api="tokens", model=MODEL, input_len=32, output_len=8)
         result = run_load(
             LoadConfig(base_url=srv.url, workload=wl, concurrencies=[CONC], num_tasks=N, timeout_s=10)

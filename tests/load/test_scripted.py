@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from harness.load import report
 from harness.load.client import RequestSpec, stream_request
 from harness.load.runner import LoadConfig, run_load
-from harness.load.server import ManagedServer, ServerError, check_server, free_port
+from harness.load.server import ManagedServer, ServerError, check_server, free_port, wait_ready
 from harness.load.slo import SLO
 from harness.load.workloads import WorkloadConfig
 from tests.load.scripted_server import MODEL, Script, ThreadServer
@@ -197,6 +197,19 @@ def test_managed_server_waits_for_health_and_stops(tmp_path: Path) -> None:
     bad = ManagedServer([sys.executable, "-c", "import sys; sys.exit(3)"], free_port(), tmp_path / "b.log")
     with pytest.raises(ServerError, match="exited with code 3"):
         bad.start()
+
+
+def test_a_given_url_is_waited_for_while_it_warms_up() -> None:
+    """--url: /health answering 503 (warming up) is waited out before any request; a server that
+    stays 503 past the deadline is an error that says so; one without /health is not waited for."""
+    with ThreadServer(Script(warm_s=0.6)) as srv:
+        assert httpx.get(srv.url + "/health").status_code == 503
+        with pytest.raises(ServerError, match="still answers HTTP 503"):
+            wait_ready(srv.url, timeout_s=0.0)
+        assert wait_ready(srv.url, timeout_s=30, poll_s=0.05) == "ready"
+        assert httpx.get(srv.url + "/health").status_code == 200
+        assert wait_ready(srv.url + "/v1") == "no /health"  # /v1/health is a 404 here
+    assert wait_ready(f"http://127.0.0.1:{free_port()}") == "unreachable"  # check_server reports it
 
 
 def test_cli_against_url(tmp_path: Path) -> None:
