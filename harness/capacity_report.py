@@ -108,12 +108,8 @@ def ceilings_tables(ceilings: Sequence[dict[str, Any]], title: str) -> list[Any]
 def ratio_lines(ceilings: Sequence[dict[str, Any]]) -> list[str]:
     """donated ÷ copying, ring ÷ full and paged ÷ contiguous ceiling ratios between matching decode
     configurations."""
-    dec = {
-        (c["config"].get("kv_layout", "contiguous"), c["config"]["kv_dtype"], c["config"]["donate"],
-         c["config"]["sliding_kv"], c["config"]["ple"]): c["max_batch"]
-        for c in ceilings
-        if c["config"]["program"] == "decode" and "max_batch" in c
-    }  # fmt: skip
+    by_key = {_layout_key(c): c for c in ceilings if c["config"]["program"] == "decode" and "max_batch" in c}
+    dec = {k: c["max_batch"] for k, c in by_key.items()}
     out = []
     for (lay, kv, don, sl, ple), b in sorted(dec.items()):
         paged = ", paged" if lay == "paged" else ""
@@ -131,7 +127,29 @@ def ratio_lines(ceilings: Sequence[dict[str, Any]]) -> list[str]:
             step = "donated" if don else "copying"
             other = dec[("contiguous", kv, don, sl, ple)]
             out.append(f"paged ÷ contiguous, kv {kv}, {step}, sliding {sl}: {b} ÷ {other} = {b / other:.3f}")
+            out += _paged_cost_lines(by_key[("paged", kv, don, sl, ple)], by_key[("contiguous", kv, don, sl, ple)])
     return out
+
+
+def _layout_key(c: dict[str, Any]) -> tuple[Any, ...]:
+    """(KV layout, kv dtype, donated, sliding, PLE) of a ceiling: what its ratios pair on."""
+    cfg = c["config"]
+    return (cfg.get("kv_layout", "contiguous"), cfg["kv_dtype"], cfg["donate"], cfg["sliding_kv"], cfg["ple"])
+
+
+def _paged_cost_lines(paged: dict[str, Any], contiguous: dict[str, Any]) -> list[str]:
+    """What the compiler says the paged read costs at the two ceilings, per sequence: XLA's bytes
+    accessed (read as a ratio only: its absolute figure is not the byte model) and the temporaries.
+    The step times priced above know nothing of it: the byte model has no gather."""
+    pb, cb = paged.get("xla_bytes_accessed"), contiguous.get("xla_bytes_accessed")
+    pt, ct = paged.get("temp_bytes"), contiguous.get("temp_bytes")
+    if not (pb and cb and pt is not None and ct is not None):
+        return []
+    per_p, per_c = pb / paged["max_batch"], cb / contiguous["max_batch"]
+    return [
+        f"  compiled: XLA bytes accessed per sequence {per_p / 1e9:.2f} vs {per_c / 1e9:.2f} GB ({per_p / per_c:.2f}×), "
+        f"temps {pt / 1e9:.2f} vs {ct / 1e9:.2f} GB; step times above price the paged step as the contiguous one"
+    ]
 
 
 def local_lines(ceilings: Sequence[dict[str, Any]]) -> list[str]:

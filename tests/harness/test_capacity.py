@@ -229,6 +229,9 @@ def test_paged_layout_is_its_own_configuration_with_its_own_ratio() -> None:
 
     ceilings = [ceiling(cfgs[0], 171, 7_000_000_000), ceiling(cfgs[1], 150, 9_000_000_000)]
     assert "paged ÷ contiguous, kv bf16, donated, sliding full: 150 ÷ 171 = 0.877" in ratio_lines(ceilings)
+    ceilings[0] |= {"xla_bytes_accessed": 171 * 1.2e9, "temp_bytes": 0.39e9}
+    ceilings[1] |= {"xla_bytes_accessed": 150 * 2.4e9, "temp_bytes": 5.2e9}
+    assert ratio_lines(ceilings)[-1].startswith("  compiled: XLA bytes accessed per sequence 2.40 vs 1.20 GB (2.00×), temps 5.20 vs 0.39 GB")
     rows = admission_rows(ceilings, s, agents=(8,), contexts=(8192,))
     assert [r["overhead_bytes"] for r in rows] == [7_000_000_000]  # the contiguous ceiling, listed first
     rows = admission_rows(ceilings, replace(s, kv_layouts=("paged",)), agents=(8,), contexts=(8192,))
