@@ -8,8 +8,9 @@ so also on Ctrl-C and errors) sends SIGTERM to the whole group, then SIGKILL aft
 
 Any server (--url): `wait_ready` first waits while GET /health answers 503 (a server still warming up
 would otherwise put its compile time into the first requests' TTFT); then GET /v1/models must
-answer and list --model-name; otherwise `ServerError` with a message that says what to fix. `alive()` is the mid-run liveness probe the runner calls after a
-connection-level failure: a dead child or a refused /health means the server is gone.
+answer and list --model-name; otherwise `ServerError` with a message that says what to fix.
+`alive()` is the mid-run liveness probe the runner calls after a connection-level failure: a dead
+child or a refused /health means the server is gone.
 """
 
 from __future__ import annotations
