@@ -202,7 +202,7 @@ def test_managed_server_waits_for_health_and_stops(tmp_path: Path) -> None:
 def test_a_given_url_is_waited_for_while_it_warms_up() -> None:
     """--url: /health answering 503 (warming up) is waited out before any request; a server that
     stays 503 past the deadline is an error that says so; one without /health is not waited for."""
-    with ThreadServer(Script(warm_s=0.6)) as srv:
+    with ThreadServer(Script(warm_s=3.0)) as srv:  # long enough to still be warming once started
         assert httpx.get(srv.url + "/health").status_code == 503
         with pytest.raises(ServerError, match="still answers HTTP 503"):
             wait_ready(srv.url, timeout_s=0.0)
