@@ -106,7 +106,7 @@ def admission_rows(
     from g4bench.model.config import load_config
     from g4bench.model.params import param_bytes
 
-    layout = getattr(settings, "kv_layouts", ("contiguous",))[0]
+    layout = settings.kv_layouts[0]
     rows = []
     for kv in settings.kv:
         for sliding in settings.sliding:

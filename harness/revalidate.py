@@ -50,13 +50,20 @@ from pathlib import Path
 from typing import Any
 
 from harness.revalidate_visits import CHILD_TARGET, Point, child_payload, split_results, visit_groups
-from harness.run import CHILD_TIMEOUT_S, CPU_LAYERS, CPU_LAYERS_REASON, RequestError, RunFolder, on_cpu
+from harness.run import (
+    CHILD_TIMEOUT_S,
+    CPU_LAYERS,
+    CPU_LAYERS_REASON,
+    KV_LAYOUTS,
+    RequestError,
+    RunFolder,
+    on_cpu,
+)
 
 SWEEP_PATH = Path(__file__).resolve().parents[1] / "configs" / "sweeps" / "revalidate.toml"
 CHILD_ENV_VAR = "G4BENCH_REVALIDATE_CHILD"
 PROBE_ENV_VAR = "G4BENCH_REVALIDATE_PROBE"
 CASE_FIELDS = ("layers", "ple", "kv_dtype", "donate", "sliding_kv", "embed")
-KV_LAYOUTS = ("contiguous", "paged")
 VISIT_MODES = ("separate", "shared-weights")
 
 

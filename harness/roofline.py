@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.results import is_failure
-from harness.run import CHILD_TIMEOUT_S, CPU_LAYERS, CPU_LAYERS_REASON, RequestError, on_cpu
+from harness.run import CHILD_TIMEOUT_S, CPU_LAYERS, CPU_LAYERS_REASON, KV_LAYOUTS, RequestError, on_cpu
 
 SLOPE_MIN_RISE = 0.15  # only adjacent points whose step time rises by more than 15% (reference rule)
 STEP_TARGET = "harness.roofline_probes:step_child"
@@ -96,7 +96,6 @@ class RooflineRequest:
     kv_layout: str | None = None
 
 
-KV_LAYOUTS = ("contiguous", "paged")
 ACCELERATOR_DEFAULTS = dict(
     layers="w4a16",
     kv_dtype="bf16",

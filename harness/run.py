@@ -27,6 +27,7 @@ from typing import Any
 
 CHILD_TIMEOUT_S = 1800.0  # the reference harness's per-configuration limit
 COMPILE_TIMEOUT_S = 900.0  # a deviceless compile for a TPU target (no step is run)
+KV_LAYOUTS = ("contiguous", "paged")  # the engine's (EngineConfig.kv_layout): per-slot rows, or block pools
 CPU_LAYERS = "f32"
 CPU_LAYERS_REASON = (
     "CPU: W4A16 weights unpacked inside the step do not fuse on XLA's CPU backend (~21 ms per "

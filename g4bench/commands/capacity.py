@@ -82,6 +82,7 @@ def capacity(
     from rich.console import Console
 
     from harness.capacity_run import CapacityError, CapacityRequest, run_capacity
+    from harness.run import KV_LAYOUTS
 
     console = Console(stderr=True)
     request = CapacityRequest(
@@ -103,7 +104,7 @@ def capacity(
     )
     bad = [s for s in request.steps or () if s not in ("donated", "copying")]
     bad += [s for s in request.sliding or () if s not in ("full", "ring")]
-    bad += [s for s in request.kv_layouts or () if s not in ("contiguous", "paged")]
+    bad += [s for s in request.kv_layouts or () if s not in KV_LAYOUTS]
     if bad:
         console.print(f"[red]capacity: unknown values {bad}[/red]")
         raise typer.Exit(code=2)

@@ -188,7 +188,7 @@ def test_admission_cell_arithmetic() -> None:
 
 def test_admission_rows_use_the_compiled_overhead() -> None:
     settings = SimpleNamespace(kv=("bf16",), sliding=("full",), ple=("bf16",), model="e2b", layers="w4a16",
-                               target="tpu-v6e", limit_bytes=33_543_694_581)  # fmt: skip
+                               target="tpu-v6e", limit_bytes=33_543_694_581, kv_layouts=("contiguous",))  # fmt: skip
     ceiling = {
         "config": {"program": "decode", "donate": True, "kv_dtype": "bf16", "sliding_kv": "full", "ple": "bf16", "target": "tpu-v6e"},
         "max_batch": 171, "kv_bytes": 171 * 150_994_944, "peak_bytes": 171 * 150_994_944 + 7_000_000_000,
@@ -244,7 +244,7 @@ def test_admission_counts_a_shared_prefix_once() -> None:
     from harness.admission import shared_bytes
 
     settings = SimpleNamespace(kv=("bf16",), sliding=("ring",), ple=("bf16",), model="e2b", layers="w4a16",
-                               target="tpu-v6e", limit_bytes=33_543_694_581)  # fmt: skip
+                               target="tpu-v6e", limit_bytes=33_543_694_581, kv_layouts=("contiguous",))  # fmt: skip
     assert shared_bytes("e2b", "bf16", "ring", 8192, 4096) == 4096 * 6144
     assert shared_bytes("e2b", "bf16", "full", 8192, 4096) == 4096 * 18432  # every layer keeps it
     rows = admission_rows([], settings, agents=(8,), contexts=(8192,), shared_prefix=4096)
