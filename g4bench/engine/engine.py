@@ -33,10 +33,9 @@ engine computes exactly what the contiguous one does (tests/engine/test_engine.p
 
 Buckets bound the number of compiles (`warmup()` compiles them all and reports the time). The cache
 is donated to each call (`donate=True`), so a step updates it in place; `donate=False` is the
-copying variant, kept for measurement (two caches live, one full copy per step). XLA:CPU upcasts
-bf16 updates to f32 (a whole-buffer pass even when donated), so bf16 caches are written through a
-uint16 view (g4bench/model/forward.py); on the CPU the step stays dominated by attention compute, so
-donation still buys far less there than on a TPU.
+copying variant, kept for measurement (two caches live, one full copy per step). In place needs the
+cache's 16-bit floats stored as their uint16 bits: XLA:CPU copies a donated bf16 buffer on every
+scatter into it (g4bench/model/kv_cache.py).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from g4bench.model.config import FULL, SLIDING, ModelConfig
-from g4bench.model.kv_cache import Cache, CacheLayout, quantize_kv
+from g4bench.model.kv_cache import Cache, CacheLayout, entry_dtypes, quantize_kv
 from g4bench.model.kv_cache import as_bits as _as_bits
 from g4bench.model.kv_cache import from_bits as _from_bits
 from g4bench.model.paged_kv import paged_update_and_read
@@ -117,33 +117,38 @@ def _store(k: jax.Array, v: jax.Array, quantized: bool) -> dict[str, jax.Array]:
 
 
 def _write_full(
-    entry: dict[str, jax.Array], new: dict[str, jax.Array], write_pos: jax.Array, rows: jax.Array | None
+    entry: dict[str, jax.Array],
+    new: dict[str, jax.Array],
+    write_pos: jax.Array,
+    rows: jax.Array | None,
+    dtypes: dict[str, jnp.dtype],
 ) -> dict[str, jax.Array]:
     """Scatter new [B, kvh, T(, d)] at positions write_pos [B, T] of cache rows `rows` (None: row b
-    is batch row b); out-of-range positions are dropped. Only the written positions are touched."""
+    is batch row b); out-of-range positions are dropped. Only the written positions are touched:
+    the stored arrays hold 16-bit floats as bits (kv_cache.stored_dtype), so XLA updates them in place."""
     if rows is None:
 
         def put(cache_row: jax.Array, new_row: jax.Array, idx: jax.Array) -> jax.Array:
             return cache_row.at[:, idx].set(new_row, mode="drop")
 
         return {
-            name: _from_bits(
-                jax.vmap(put)(_as_bits(arr), _as_bits(new[name].astype(arr.dtype)), write_pos), arr.dtype
-            )
+            name: jax.vmap(put)(arr, _as_bits(new[name].astype(dtypes[name])), write_pos)
             for name, arr in entry.items()
         }
     out = {}
     for name, arr in entry.items():
         # advanced indices (rows, positions) come first: the update is [B, T, kvh(, d)]
-        update = _as_bits(jnp.swapaxes(new[name], 1, 2).astype(arr.dtype))
-        out[name] = _from_bits(
-            _as_bits(arr).at[rows[:, None], :, write_pos].set(update, mode="drop"), arr.dtype
-        )
+        update = _as_bits(jnp.swapaxes(new[name], 1, 2).astype(dtypes[name]))
+        out[name] = arr.at[rows[:, None], :, write_pos].set(update, mode="drop")
     return out
 
 
 def _write_ring(
-    entry: dict[str, jax.Array], new: dict[str, jax.Array], start: jax.Array, n_valid: jax.Array
+    entry: dict[str, jax.Array],
+    new: dict[str, jax.Array],
+    start: jax.Array,
+    n_valid: jax.Array,
+    dtypes: dict[str, jnp.dtype],
 ) -> dict[str, jax.Array]:
     """Ring entry r takes the newest real chunk token whose position ≡ r (mod W), else keeps its value."""
     W = entry["k"].shape[2]
@@ -156,11 +161,11 @@ def _write_ring(
 
     def pick(old: jax.Array, chunk: jax.Array) -> jax.Array:
         idx = j.reshape(j.shape[0], 1, W, *([1] * (old.ndim - 3)))
-        gathered = jnp.take_along_axis(chunk.astype(old.dtype), idx, axis=2)
+        gathered = jnp.take_along_axis(chunk, idx, axis=2)
         keep = take.reshape(take.shape[0], 1, W, *([1] * (old.ndim - 3)))
         return jnp.where(keep, gathered, old)
 
-    return {name: pick(entry[name], new[name]) for name in entry}
+    return {name: pick(entry[name], _as_bits(new[name].astype(dtypes[name]))) for name in entry}
 
 
 def _ring_positions(start: jax.Array, W: int) -> jax.Array:
@@ -181,27 +186,35 @@ def _update_and_read(
     rows: jax.Array | None,
     ring: bool,
     kv_len: int,
+    dtypes: dict[str, jnp.dtype],
 ) -> tuple[dict[str, jax.Array], dict[str, jax.Array], jax.Array, jax.Array]:
     """Write this call's K/V into one layer's cache and return what the layer attends over.
 
     Returns (updated cache entry, keys/values(/scales) [B, kvh, K(, d)], key positions [B, K],
     key valid [B, K]). A full-length cache is written first and its first kv_len positions read
     (stale positions beyond the sequence are excluded by the causal mask). A ring is read as its
-    W entries before this chunk plus the chunk itself (W + T keys), then rewritten."""
+    W entries before this chunk plus the chunk itself (W + T keys), then rewritten. The entry is
+    stored (kv_cache.stored_dtype); what is read comes back in `dtypes` (kv_cache.entry_dtypes)."""
     if ring:
         W = entry["k"].shape[2]
         old = entry if rows is None else {name: arr[rows] for name, arr in entry.items()}
-        kv = {name: jnp.concatenate([old[name], new[name].astype(old[name].dtype)], axis=2) for name in old}
+        kv = {
+            name: jnp.concatenate(
+                [_from_bits(old[name], dtypes[name]), new[name].astype(dtypes[name])], axis=2
+            )
+            for name in old
+        }
         ring_pos = _ring_positions(start, W)
         key_pos = jnp.concatenate([ring_pos, positions], axis=1)
         key_ok = jnp.concatenate([ring_pos >= 0, valid_q], axis=1)
-        updated = _write_ring(old, new, start, n_valid)
+        updated = _write_ring(old, new, start, n_valid, dtypes)
         if rows is not None:
             updated = {name: entry[name].at[rows].set(updated[name]) for name in entry}
         return updated, kv, key_pos, key_ok
-    written = _write_full(entry, new, write_pos, rows)
+    written = _write_full(entry, new, write_pos, rows, dtypes)
     kv = {
-        name: arr[:, :, :kv_len] if rows is None else arr[rows, :, :kv_len] for name, arr in written.items()
+        name: _from_bits(arr[:, :, :kv_len] if rows is None else arr[rows, :, :kv_len], dtypes[name])
+        for name, arr in written.items()
     }
     B = positions.shape[0]
     key_pos = jnp.broadcast_to(jnp.arange(kv_len, dtype=jnp.int32)[None, :], (B, kv_len))
@@ -294,6 +307,7 @@ def forward(
                     block_size=layout.block_size,
                     kv_len=kv_len,
                     window=cfg.sliding_window if group == "window" else None,
+                    dtypes=entry_dtypes(layout),
                 )
             else:
                 new_cache[slot], kv, key_pos, key_ok = _update_and_read(
@@ -307,6 +321,7 @@ def forward(
                     rows=rows,
                     ring=layout.is_ring(cfg, i),
                     kv_len=kv_len,
+                    dtypes=entry_dtypes(layout),
                 )
             if i == cfg.kv_store_layer(ltype):
                 shared[ltype] = (kv, key_pos, key_ok)

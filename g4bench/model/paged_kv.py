@@ -3,7 +3,8 @@
     written, kv, key_pos, key_ok = paged_update_and_read(entry, new, table, positions, valid_q, start,
                                                          block_size=16, kv_len=1024, window=None)
 
-A pool is [NB, kvh, bs(, hd)]; `table` i32[B, MB] maps row b's logical block j (positions
+A pool is [NB, kvh, bs(, hd)], 16-bit floats stored as their uint16 bits (kv_cache.stored_dtype:
+XLA:CPU scatters into those in place, into bf16 it copies the pool); `table` i32[B, MB] maps row b's logical block j (positions
 j·bs .. j·bs + bs − 1) to a physical block. Every real token at logical position p goes to block
 table[b, p // bs], offset p % bs; padding gets the out-of-range id NB and is dropped by the scatter.
 The owner of a table guarantees that every position a real query can see is written and that no two
@@ -35,11 +36,11 @@ def window_read_blocks(window: int, tokens: int, block_size: int) -> int:
     return (window + tokens - 2) // block_size + 2
 
 
-def _gather(pool: jax.Array, ids: jax.Array) -> jax.Array:
-    """pool [NB, kvh, bs(, d)], ids [B, nb] → [B, kvh, nb·bs(, d)], gathered through the integer
-    view of a bf16 pool (XLA:CPU would otherwise convert the bf16 data on the way)."""
-    g = jnp.moveaxis(as_bits(pool)[ids], 2, 1)  # [B, kvh, nb, bs(, d)]
-    return from_bits(g.reshape(g.shape[0], g.shape[1], g.shape[2] * g.shape[3], *g.shape[4:]), pool.dtype)
+def _gather(pool: jax.Array, ids: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    """pool [NB, kvh, bs(, d)] (stored), ids [B, nb] → [B, kvh, nb·bs(, d)] of `dtype`, gathered as
+    stored (XLA:CPU would otherwise convert bf16 data on the way) and reinterpreted after."""
+    g = jnp.moveaxis(pool[ids], 2, 1)  # [B, kvh, nb, bs(, d)]
+    return from_bits(g.reshape(g.shape[0], g.shape[1], g.shape[2] * g.shape[3], *g.shape[4:]), dtype)
 
 
 def paged_update_and_read(
@@ -53,9 +54,11 @@ def paged_update_and_read(
     block_size: int,
     kv_len: int,
     window: int | None,
+    dtypes: dict[str, jnp.dtype],
 ) -> tuple[dict[str, jax.Array], dict[str, jax.Array], jax.Array, jax.Array]:
     """Write new [B, kvh, T(, d)] at `positions` [B, T] (where `valid_q`) of one layer's pools, then
-    read keys/values(/scales) [B, kvh, K(, d)] with their logical positions [B, K] and validity."""
+    read keys/values(/scales) [B, kvh, K(, d)] with their logical positions [B, K] and validity.
+    `dtypes` names what each stored array holds (kv_cache.entry_dtypes); reads come back in it."""
     bs = block_size
     NB = entry["k"].shape[0]
     B, T = positions.shape
@@ -66,8 +69,8 @@ def paged_update_and_read(
     written = {}
     for name, arr in entry.items():
         # advanced indices (block, offset) around a slice: the update is [B, T, kvh(, d)]
-        update = as_bits(jnp.swapaxes(new[name], 1, 2).astype(arr.dtype))
-        written[name] = from_bits(as_bits(arr).at[blk, :, off].set(update, mode="drop"), arr.dtype)
+        update = as_bits(jnp.swapaxes(new[name], 1, 2).astype(dtypes[name]))
+        written[name] = arr.at[blk, :, off].set(update, mode="drop")
 
     nb = min(MB, -(-kv_len // bs))
     base = jnp.zeros((B,), jnp.int32)
@@ -76,6 +79,6 @@ def paged_update_and_read(
         base = jnp.clip((start - window + 1) // bs, 0, MB - nb)
     idx = base[:, None] + jnp.arange(nb, dtype=jnp.int32)[None, :]  # [B, nb] logical blocks
     ids = jnp.take_along_axis(table, idx, axis=1)
-    kv = {name: _gather(arr, ids) for name, arr in written.items()}
+    kv = {name: _gather(arr, ids, dtypes[name]) for name, arr in written.items()}
     key_pos = (idx[:, :, None] * bs + jnp.arange(bs, dtype=jnp.int32)[None, None, :]).reshape(B, nb * bs)
     return written, kv, key_pos, jnp.ones((B, nb * bs), bool)
