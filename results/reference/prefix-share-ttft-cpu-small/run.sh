@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Issue 14 must-show: shared 2,000-token system prompt over 16 agents vs cold 200-token prompts, one server,
-# cold / shared / cold at each concurrency so drift shows.
+# cold / shared / cold at each concurrency so drift shows. SERVE_ARGS adds server flags (e.g. --prefill-chunks 8).
 set -uo pipefail
 cd "$(git rev-parse --show-toplevel)"
 OUT=${OUT:-results/i14-ttft}
 mkdir -p $OUT
-PORT=18731
-g4bench serve --model small --port $PORT --max-slots 8 > $OUT/server.log 2>&1 &
+PORT=${PORT:-18731}
+g4bench serve --model small --port $PORT --max-slots 8 ${SERVE_ARGS:-} > $OUT/server.log 2>&1 &
 SRV=$!
 trap 'kill $SRV' EXIT
 for i in $(seq 600); do curl -sf localhost:$PORT/health >/dev/null && break; sleep 1; done
