@@ -66,13 +66,6 @@ def serve(
     max_waiting: Annotated[
         int, typer.Option(help="Requests that may wait beyond the idle slots before 429")
     ] = 64,
-    prefill_chunks: Annotated[
-        int,
-        typer.Option(
-            help="Prefill chunks (--chunk-size tokens each) run between two decode steps: more lets a "
-            "burst of agent turns start sooner, at the running streams' inter-token latency"
-        ),
-    ] = 1,
     max_body_bytes: Annotated[
         int, typer.Option(help="Largest request body (413 beyond)")
     ] = DEFAULTS.max_body_bytes,
@@ -122,7 +115,6 @@ def serve(
             engine_stall_s=engine_stall_timeout, exit_on_engine_failure=exit_on_engine_failure,
             max_connections=max_connections, idle_timeout_s=idle_timeout, shutdown_timeout_s=shutdown_timeout,
             served_model_name=served_model_name, kv_layout=kv_layout, cached_windows=cached_windows,
-            prefill_chunks=prefill_chunks,
         )  # fmt: skip
         spec.server_settings(key)  # validates the limits before the model loads
     except ValueError as err:

@@ -11,11 +11,9 @@ queue and wakes the engine thread. The engine thread repeats:
    conversation, copies a shared prefix from another slot (`engine.copy_slot`), or starts cold in
    an empty / least recently used slot;
 3. one `engine.decode` over every decoding slot (one token each);
-4. at most `prefill_chunks` prefill chunks (`engine.ecfg.chunk_size` tokens each; default 1) for
-   the oldest admitted prompts in turn, so an arrival stalls the running streams by that many
-   chunks at most. The last chunk samples the request's first token. More chunks per turn trade
-   the running streams' inter-token latency for the arrivals' TTFT: a burst of short agent turns
-   is prefilled before the next decode instead of one turn per decode step. (Paged: if the pools lack blocks for the whole request even after evicting every
+4. at most one prefill chunk (`engine.ecfg.chunk_size` tokens) for the oldest admitted prompt, so an
+   arrival stalls the running streams by one chunk at most. The last chunk samples the request's
+   first token. (Paged: if the pools lack blocks for the whole request even after evicting every
    cached block, the prompt waits at the head until running requests finish.)
 
 With nothing to do it sleeps on a condition variable. Every sampled token goes to the request's
@@ -164,12 +162,8 @@ class Scheduler:
         copy_min: int = 16,
         warmup: bool = True,
         clock: Callable[[], float] = time.perf_counter,
-        prefill_chunks: int = 1,
     ) -> None:
-        if prefill_chunks < 1:
-            raise ValueError(f"prefill_chunks must be >= 1, got {prefill_chunks}")
         self.engine = engine
-        self.prefill_chunks = prefill_chunks
         self.clock = clock  # request times; the simulator passes a virtual clock (harness/sim)
         self.max_slots: int = engine.ecfg.max_slots
         self.max_len: int = engine.ecfg.max_len
@@ -311,15 +305,13 @@ class Scheduler:
             log.exception("failing the remaining requests failed")
 
     def step(self) -> None:
-        """One loop turn: cancellations, admission, one decode step, at most `prefill_chunks`
-        prefill chunks. The engine thread calls it; the simulator (harness/sim) calls it directly,
-        without the thread, to drive this exact loop on a virtual clock."""
+        """One loop turn: cancellations, admission, one decode step, at most one prefill chunk.
+        The engine thread calls it; the simulator (harness/sim) calls it directly, without the
+        thread, to drive this exact loop on a virtual clock."""
         self._apply_cancels()
         self._admit()
         self._decode_step()
-        for _ in range(self.prefill_chunks):
-            if not self._prefill_step():
-                break
+        self._prefill_step()
 
     def _wait_for_work(self) -> bool:
         with self._cv:
@@ -445,17 +437,16 @@ class Scheduler:
             kept.append(r)
         return kept
 
-    def _prefill_step(self) -> bool:
-        """One prefill chunk of the oldest admitted prompt; False when there was none to run."""
+    def _prefill_step(self) -> None:
         if not self._prefilling:
-            return False
+            return
         req = self._prefilling[0]
         assert req.slot is not None  # admitted
         if self.paged and not req.placed:
             assert isinstance(self.table, BlockCache)
             reuse = self.table.begin(req.slot, req.prompt, req.params.max_tokens)
             if reuse is None:
-                return False  # not enough free or evictable blocks yet: running requests will free some
+                return  # not enough free or evictable blocks yet: running requests will free some
             req.placed, req.prefilled, req.reused = True, reuse, reuse
         slot = self.table.slots[req.slot]
         assert len(slot.tokens) == req.prefilled, "slot tokens out of step with the prefill cursor"
@@ -478,13 +469,12 @@ class Scheduler:
         except Exception as exc:
             log.exception("prefill failed for request %d", req.id)
             self._finish(req, "error", error=f"prefill failed: {exc}", keep=False)
-            return True
+            return
         self.table.extend(req.slot, chunk)
         req.prefilled += len(chunk)
         if last:
             self._prefilling.popleft()
             self._deliver(req, int(tok), self.clock(), row)
-        return True
 
     def _deliver(self, req: _Request, token: int, now: float, row: TokenLogprob | None = None) -> None:
         """Hand one sampled token to the request and decide whether it ends there."""

@@ -43,7 +43,6 @@ class LaunchSpec:
     protect_docs: bool = False
     allowed_hosts: tuple[str, ...] = ()
     max_waiting: int = 64
-    prefill_chunks: int = 1  # prefill chunks per scheduler turn (g4bench/engine/scheduler.py)
     max_body_bytes: int = DEFAULTS.max_body_bytes
     body_timeout_s: float = DEFAULTS.body_timeout_s
     queue_timeout_s: float = DEFAULTS.queue_timeout_s
@@ -62,8 +61,6 @@ class LaunchSpec:
             raise ValueError(f"sliding_kv must be ring or full, got {self.sliding_kv!r}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
-        if self.prefill_chunks < 1:
-            raise ValueError(f"prefill_chunks must be >= 1, got {self.prefill_chunks}")
         positive = {"max_connections": self.max_connections, "idle_timeout_s": self.idle_timeout_s,
                     "shutdown_timeout_s": self.shutdown_timeout_s}  # fmt: skip
         for name, value in positive.items():
@@ -141,7 +138,7 @@ def run_server(spec: LaunchSpec, api_key: str | None = None, console: Any = None
     engine, tokenizer_dir = load_engine(spec.model, ecfg)
     tokenizer = load_tokenizer(tokenizer_dir, engine.cfg.vocab_size)
     name = spec.served_model_name or spec.model
-    scheduler = Scheduler(engine, max_waiting=spec.max_waiting, prefill_chunks=spec.prefill_chunks)
+    scheduler = Scheduler(engine, max_waiting=spec.max_waiting)
     app = create_app(scheduler, tokenizer, name, settings)
     fds = raise_fd_limit()
     server = make_server(

@@ -384,39 +384,3 @@ def test_loop_death_is_loud_and_visible(make, caplog):
     assert "engine loop died" in caplog.text
     with pytest.raises(SchedulerDead):
         sched.submit([5, 6], GenerationParams(max_tokens=3), Collect())
-
-
-@pytest.mark.parametrize("paged", [False, True])
-def test_prefill_chunks_per_turn_start_a_burst_before_the_next_decode(paged):
-    """`prefill_chunks=k`: one loop turn runs up to k prefill chunks (whole short prompts, then the
-    next prompt's chunks) after its decode; the default runs one. Tokens stay exact either way."""
-    from tests.engine.fake_paged_engine import FakePagedEngine
-
-    def run(k: int):
-        engine = (FakePagedEngine if paged else FakeEngine)(max_slots=4, chunk_size=8, max_len=256)
-        sched = Scheduler(engine, warmup=False, prefill_chunks=k)
-        prompts = [prompt_of(i, 5) for i in range(3)] + [prompt_of(9, 20)]  # 1, 1, 1 and 3 chunks
-        sinks = [Collect() for _ in prompts]
-        for p, s in zip(prompts, sinks, strict=True):
-            sched.submit(p, GenerationParams(max_tokens=4), s)
-        turns, first_tokens = [], None  # the engine calls of each loop turn; tokens after the first
-        while not all(s.done.is_set() for s in sinks):
-            before = len(engine.calls)
-            sched.step()
-            turns.append([c[0] for c in engine.calls[before:] if c[0] in ("prefill", "decode")])
-            first_tokens = first_tokens or [len(s.tokens) for s in sinks]
-        for p, s in zip(prompts, sinks, strict=True):
-            assert s.result.output_ids == reference(p, 4)
-        assert engine.violations == []
-        return turns, first_tokens
-
-    turns, first_tokens = run(1)
-    assert turns[0] == ["prefill"] and turns[1] == ["decode", "prefill"]  # one chunk a turn
-    assert first_tokens == [1, 0, 0, 0]
-    turns, first_tokens = run(4)
-    assert turns[0] == ["prefill"] * 4  # three short prompts and the long one's first chunk
-    assert first_tokens == [1, 1, 1, 0]  # the whole burst of short turns has its first token
-    assert turns[1] == ["decode", "prefill", "prefill"]  # the long one's last two chunks, then none left
-    assert all(t.count("prefill") == 0 for t in turns[2:])
-    with pytest.raises(ValueError, match="prefill_chunks must be >= 1"):
-        Scheduler(FakeEngine(), warmup=False, prefill_chunks=0)
