@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 14 must-show: shared 2,000-token system prompt over 16 agents vs cold 200-token prompts, one server,
-# cold / shared / cold at each concurrency so drift shows. SERVE_ARGS adds server flags (e.g. --prefill-chunks 8).
+# cold / shared / cold at each concurrency so drift shows. SERVE_ARGS adds server flags; PORT picks the port.
 set -uo pipefail
 cd "$(git rev-parse --show-toplevel)"
 OUT=${OUT:-results/i14-ttft}
