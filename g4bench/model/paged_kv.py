@@ -1,12 +1,14 @@
 """Paged KV: write a call's K/V into a layer's block pool and gather what its queries attend over.
 
     written, kv, key_pos, key_ok = paged_update_and_read(entry, new, table, positions, valid_q, start,
-                                                         block_size=16, kv_len=1024, window=None)
+                                                         block_size=16, kv_len=1024, window=None,
+                                                         dtypes=entry_dtypes(layout))
 
 A pool is [NB, kvh, bs(, hd)], 16-bit floats stored as their uint16 bits (kv_cache.stored_dtype:
-XLA:CPU scatters into those in place, into bf16 it copies the pool); `table` i32[B, MB] maps row b's logical block j (positions
-j·bs .. j·bs + bs − 1) to a physical block. Every real token at logical position p goes to block
-table[b, p // bs], offset p % bs; padding gets the out-of-range id NB and is dropped by the scatter.
+XLA:CPU scatters into those in place, into bf16 it copies the pool). `table` i32[B, MB] maps row
+b's logical block j (positions j·bs .. j·bs + bs − 1) to a physical block. Every real token at
+logical position p goes to block table[b, p // bs], offset p % bs; padding gets the out-of-range
+id NB and is dropped by the scatter.
 The owner of a table guarantees that every position a real query can see is written and that no two
 rows write one block (shared blocks are full and read-only; see g4bench/engine/block_cache.py).
 
