@@ -271,6 +271,7 @@ def forward(
     rope = rope_for(positions)
     q_pos = positions
     new_cache = list(cache)
+    dtypes = entry_dtypes(layout)  # what each stored cache array holds
     shared: dict[str, tuple] = {}
     last_idx = jnp.maximum(n_valid - 1, 0)
 
@@ -307,7 +308,7 @@ def forward(
                     block_size=layout.block_size,
                     kv_len=kv_len,
                     window=cfg.sliding_window if group == "window" else None,
-                    dtypes=entry_dtypes(layout),
+                    dtypes=dtypes,
                 )
             else:
                 new_cache[slot], kv, key_pos, key_ok = _update_and_read(
@@ -321,7 +322,7 @@ def forward(
                     rows=rows,
                     ring=layout.is_ring(cfg, i),
                     kv_len=kv_len,
-                    dtypes=entry_dtypes(layout),
+                    dtypes=dtypes,
                 )
             if i == cfg.kv_store_layer(ltype):
                 shared[ltype] = (kv, key_pos, key_ok)

@@ -150,8 +150,10 @@ def quantize_kv(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 def as_bits(x: jax.Array) -> jax.Array:
     """16-bit floats as their uint16 bits (a free reinterpretation): what a cache array stores, so that
     XLA:CPU updates it in place (module docstring); anything else unchanged."""
-    return jax.lax.bitcast_convert_type(x, jnp.uint16) if x.dtype == jnp.bfloat16 else x
+    stored = stored_dtype(x.dtype)
+    return x if stored == x.dtype else jax.lax.bitcast_convert_type(x, stored)
 
 
 def from_bits(x: jax.Array, dtype: jnp.dtype) -> jax.Array:
-    return jax.lax.bitcast_convert_type(x, dtype) if dtype == jnp.bfloat16 else x
+    """A stored array (`as_bits`) back as the `dtype` it holds."""
+    return x if stored_dtype(dtype) == jnp.dtype(dtype) else jax.lax.bitcast_convert_type(x, dtype)

@@ -78,7 +78,7 @@ def test_donated_programs_hold_no_copy_of_a_cache_array(cfg, kv_dtype, kv_layout
             f"{name}: temporaries {a} → {b} bytes with a {smallest}-byte smallest array"
         )
 
-    # and the written arrays still read back as the values written (bits in, bits out)
+    # and a prefill writes the stored (bits) arrays
     small.prefill(0, list(range(3, 19)), 0)
     k = np.asarray(small.cache[0]["k"])
     assert k.dtype == (np.uint16 if kv_dtype == "bf16" else np.int8) and k.any()
