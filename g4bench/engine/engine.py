@@ -7,7 +7,8 @@
 The cache (`max_slots` × `max_len`) is allocated once. Every call runs one of a small fixed set of
 jitted programs (JetStream's prefill / insert / generate split, folded into slot-indexed calls):
 
-- prefill: one slot, a chunk padded to a chunk bucket, attending over a bucketed KV length;
+- prefill: one slot, a chunk padded to a chunk bucket, reading a bucketed KV length (on the CPU it
+  attends block by block over only the keys its queries can see: `prefill_attention_block`);
 - decode: all slots, one token each, attending over the KV length bucket that covers the longest
   active sequence (a ring for sliding layers), sampling on the device so the host reads back one
   token id per slot;
@@ -63,6 +64,13 @@ from g4bench.model.params import Params, tree_bytes
 def platform_compute_dtype() -> Any:
     """bf16 on accelerators, f32 on the CPU (XLA's CPU bf16 matmuls are ~10× slower)."""
     return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+
+
+def platform_prefill_attention_block() -> int | None:
+    """Keys per online-softmax block in prefill attention: 256 on the CPU, where one [T, K] pass
+    over a chunk's scores outgrows the caches (g4bench/model/attention.py); None (one fused pass)
+    on accelerators, where one large product is fastest."""
+    return 256 if jax.default_backend() == "cpu" else None
 
 
 @dataclass(frozen=True)
@@ -194,12 +202,25 @@ class Engine:
     """Owns params and the batched KV cache; see the module docstring for the call protocol."""
 
     def __init__(
-        self, cfg: ModelConfig, params: Params, ecfg: EngineConfig | None = None, compute_dtype: Any = None
+        self,
+        cfg: ModelConfig,
+        params: Params,
+        ecfg: EngineConfig | None = None,
+        compute_dtype: Any = None,
+        prefill_attention_block: int | None | str = "auto",
     ):
         self.cfg = cfg
         self.ecfg = ecfg or EngineConfig()
         self.layout = self.ecfg.layout_for(cfg)
         self.compute_dtype = compute_dtype or platform_compute_dtype()
+        self.prefill_attention_block = (
+            platform_prefill_attention_block() if prefill_attention_block == "auto" else prefill_attention_block
+        )
+        if self.prefill_attention_block is not None and (
+            not isinstance(self.prefill_attention_block, int) or self.prefill_attention_block < 1
+        ):
+            raise ValueError(f"prefill_attention_block must be a positive int, None or 'auto', "
+                             f"got {prefill_attention_block!r}")  # fmt: skip
         self.params = params
         self.cache = init_cache(cfg, self.ecfg.max_slots, self.layout)
         self.tables = default_tables(cfg, self.ecfg, self.layout)
@@ -208,7 +229,13 @@ class Engine:
         self.last_logits: jax.Array | None = None  # most recent call's logits (decode: keep_logits only)
         donate = (1,) if self.ecfg.donate else ()
         self._prefill = jax.jit(
-            partial(_prefill_step, cfg=cfg, layout=self.layout, cdt=self.compute_dtype),
+            partial(
+                _prefill_step,
+                cfg=cfg,
+                layout=self.layout,
+                cdt=self.compute_dtype,
+                attention_block=self.prefill_attention_block,
+            ),
             static_argnames=("kv_len",),
             donate_argnums=donate,
         )
@@ -429,13 +456,15 @@ class Generation:
 
 
 # ---------------------------------------------------------------------------- jitted programs
-def _prefill_step(params, cache, sampling, tokens, start, n_valid, slot, tables, *, cfg, layout, cdt, kv_len):
+def _prefill_step(
+    params, cache, sampling, tokens, start, n_valid, slot, tables, *, cfg, layout, cdt, kv_len, attention_block
+):
     """One slot's chunk: the model writes the chunk's positions of cache row `slot` (paged: of the
     blocks its table row names) and reads that row's first kv_len positions; nothing else of the
     cache is touched."""
     logits, cache = forward(
         params, tokens, start, n_valid, cache, cfg, layout, kv_len=kv_len, compute_dtype=cdt,
-        rows=None if layout.paged else slot[None], tables=tables,
+        rows=None if layout.paged else slot[None], tables=tables, attention_block=attention_block,
     )  # fmt: skip
     row_state = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1), sampling)
     nxt = sample(logits, start + n_valid - 1, row_state, cfg.eos_token_ids)

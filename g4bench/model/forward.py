@@ -34,14 +34,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from g4bench.model.attention import attend, attend_blocked, visible_keys
 from g4bench.model.config import FULL, SLIDING, ModelConfig
 from g4bench.model.kv_cache import Cache, CacheLayout, entry_dtypes, quantize_kv
 from g4bench.model.kv_cache import as_bits as _as_bits
 from g4bench.model.kv_cache import from_bits as _from_bits
 from g4bench.model.paged_kv import paged_update_and_read
 from g4bench.model.quant import dequantize_ple_rows, unpack_w4a16
-
-NEG_INF = -1e30
 
 
 # ---------------------------------------------------------------------------- building blocks
@@ -79,32 +78,6 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos[:, :, None, :].astype(x.dtype) + rotated * sin[:, :, None, :].astype(x.dtype)
-
-
-def attend(
-    q: jax.Array,
-    keys: jax.Array,
-    vals: jax.Array,
-    kscale: jax.Array | None,
-    vscale: jax.Array | None,
-    mask: jax.Array,
-) -> jax.Array:
-    """Grouped-query attention without repeating K/V.
-
-    q [B, T, nh, d]; keys/vals [B, kvh, K, d] (any storage dtype); scales [B, kvh, K] or None;
-    mask bool [B, T, K]. Returns [B, T, nh·d]. Scores use scaling 1.0; int8 scales are folded in."""
-    B, T, nh, d = q.shape
-    kvh = keys.shape[1]
-    qg = q.reshape(B, T, kvh, nh // kvh, d)
-    scores = jnp.einsum("btgnd,bgkd->bgntk", qg, keys.astype(q.dtype), preferred_element_type=jnp.float32)
-    if kscale is not None:
-        scores = scores * kscale.astype(jnp.float32)[:, :, None, None, :]
-    scores = jnp.where(mask[:, None, None, :, :], scores, NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1)
-    if vscale is not None:
-        probs = probs * vscale.astype(jnp.float32)[:, :, None, None, :]
-    out = jnp.einsum("bgntk,bgkd->btgnd", probs.astype(q.dtype), vals.astype(q.dtype))
-    return out.reshape(B, T, nh * d)
 
 
 # ---------------------------------------------------------------------------- KV write + gather
@@ -236,6 +209,7 @@ def forward(
     compute_dtype: Any = jnp.float32,
     rows: jax.Array | None = None,
     tables: dict[str, jax.Array] | None = None,
+    attention_block: int | None = None,
 ) -> tuple[jax.Array, Cache]:
     """Run the model over tokens i32[B, T] written at positions start[b] + t for t < n_valid[b].
 
@@ -245,7 +219,9 @@ def forward(
     only its first kv_len positions read); None means cache row b is batch row b. A paged layout
     takes `tables` instead: {group: i32[B, max_len // block_size]}, the batch rows' block tables
     (g4bench/model/paged_kv.py). Returns logits f32 [B, T, V] if `all_logits` else [B, V] at each
-    row's last real token, and the updated cache (rows with n_valid 0 unchanged)."""
+    row's last real token, and the updated cache (rows with n_valid 0 unchanged).
+    `attention_block` (static): a call of more than one query attends over key blocks of that many
+    keys (model/attention.py's attend_blocked; the engine's CPU prefill); None: one pass."""
     B, T = tokens.shape
     if layout.paged and tables is None:
         raise ValueError("a paged cache layout needs block tables")
@@ -329,10 +305,15 @@ def forward(
         else:
             kv, key_pos, key_ok = shared[ltype]
 
-        mask = key_ok[:, None, :] & (key_pos[:, None, :] <= q_pos[:, :, None])
-        if ltype != FULL:
-            mask = mask & (key_pos[:, None, :] > q_pos[:, :, None] - cfg.sliding_window)
-        a = attend(q, kv["k"], kv["v"], kv.get("ks"), kv.get("vs"), mask)
+        window = None if ltype == FULL else cfg.sliding_window
+        if attention_block and Tq > 1:
+            a = attend_blocked(
+                q, kv["k"], kv["v"], kv.get("ks"), kv.get("vs"), key_pos, key_ok, q_pos, valid_q,
+                window=window, block=attention_block,
+            )  # fmt: skip
+        else:
+            mask = visible_keys(key_pos, key_ok, q_pos, window)
+            a = attend(q, kv["k"], kv["v"], kv.get("ks"), kv.get("vs"), mask)
         h = h + rms_norm(linear(a, lp["o"]), lp["post_attn_norm"], eps)
 
         x = rms_norm(h, lp["pre_ffw_norm"], eps)

@@ -1,0 +1,121 @@
+"""Grouped-query attention over what a layer read from its cache: one pass, or key blocks.
+
+    a = attend(q, keys, vals, kscale, vscale, mask)                                   # one pass
+    a = attend_blocked(q, keys, vals, kscale, vscale, key_pos, key_ok, q_pos, q_valid, window=W, block=256)
+
+Both compute softmax(q kᵀ · 1.0 + mask) v per query (Gemma 4's scaling 1.0), int8 scales folded in,
+without repeating K/V across the query heads of a group. `attend` materializes the [T, K] scores of
+every head at once: right for decode (T = 1) and on accelerators, where one large fused product is
+fastest. `attend_blocked` walks the keys `block` at a time with an online softmax (running max,
+normalizer and f32 accumulator; FlashAttention's recurrence) and visits only the blocks that hold a
+key some query can see. On the CPU a prefill chunk's [T, K] scores outgrow the caches (the small
+model's full layer, 256 queries: one pass over a 3,072-key bucket 68 ms, 256-key blocks over the
+2,200 keys the chunk needs 25 ms), and a bucketed read is up to 1.5× longer than the keys a chunk
+attends to. The engine uses it for prefill on the CPU (g4bench/engine/engine.py).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+NEG_INF = -1e30
+
+
+def attend(
+    q: jax.Array,
+    keys: jax.Array,
+    vals: jax.Array,
+    kscale: jax.Array | None,
+    vscale: jax.Array | None,
+    mask: jax.Array,
+) -> jax.Array:
+    """q [B, T, nh, d]; keys/vals [B, kvh, K, d] (any storage dtype); scales [B, kvh, K] or None;
+    mask bool [B, T, K]. Returns [B, T, nh·d]."""
+    B, T, nh, d = q.shape
+    kvh = keys.shape[1]
+    qg = q.reshape(B, T, kvh, nh // kvh, d)
+    scores = jnp.einsum("btgnd,bgkd->bgntk", qg, keys.astype(q.dtype), preferred_element_type=jnp.float32)
+    if kscale is not None:
+        scores = scores * kscale.astype(jnp.float32)[:, :, None, None, :]
+    scores = jnp.where(mask[:, None, None, :, :], scores, NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1)
+    if vscale is not None:
+        probs = probs * vscale.astype(jnp.float32)[:, :, None, None, :]
+    out = jnp.einsum("bgntk,bgkd->btgnd", probs.astype(q.dtype), vals.astype(q.dtype))
+    return out.reshape(B, T, nh * d)
+
+
+def visible_keys(key_pos: jax.Array, key_ok: jax.Array, q_pos: jax.Array, window: int | None) -> jax.Array:
+    """bool [B, T, K]: key k is visible to query t (valid, causal, and within `window` if given)."""
+    mask = key_ok[:, None, :] & (key_pos[:, None, :] <= q_pos[:, :, None])
+    if window is not None:
+        mask = mask & (key_pos[:, None, :] > q_pos[:, :, None] - window)
+    return mask
+
+
+def attend_blocked(
+    q: jax.Array,
+    keys: jax.Array,
+    vals: jax.Array,
+    kscale: jax.Array | None,
+    vscale: jax.Array | None,
+    key_pos: jax.Array,
+    key_ok: jax.Array,
+    q_pos: jax.Array,
+    q_valid: jax.Array,
+    *,
+    window: int | None,
+    block: int,
+) -> jax.Array:
+    """`attend` with the mask `visible_keys(key_pos, key_ok, q_pos, window)`, computed over key
+    blocks of `block` (the last one may overlap its predecessor; keys already counted are masked).
+
+    Blocks run from the first to the last key visible to any real query (`q_valid` [B, T]) of the
+    batch: a dynamic trip count, so the bucket's tail past the sequence and a window's keys that no
+    query reaches cost nothing. Padding queries are computed over the same blocks (their output is
+    never used); a query that sees no key there gets zeros."""
+    B, T, nh, d = q.shape
+    kvh, K = keys.shape[1], keys.shape[2]
+    block = min(block, K)
+    qg = q.reshape(B, T, kvh, nh // kvh, d)
+    idx = jnp.arange(K, dtype=jnp.int32)
+    top = jnp.max(jnp.where(q_valid, q_pos, -1))
+    reach = key_ok & (key_pos <= top)
+    if window is not None:
+        bottom = jnp.min(jnp.where(q_valid, q_pos, top))
+        reach = reach & (key_pos > bottom - window)
+    reach = jnp.any(reach, axis=0)
+    first = jnp.min(jnp.where(reach, idx, K))
+    last = jnp.max(jnp.where(reach, idx, -1))
+    lo, hi = first // block, jnp.where(last >= 0, last // block + 1, first // block)
+
+    def step(j: jax.Array, carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, ...]:
+        m, norm, acc = carry
+        s0 = jnp.minimum(j * block, K - block)  # clamped: the last block may overlap the one before
+
+        def take(x: jax.Array) -> jax.Array:
+            return jax.lax.dynamic_slice_in_dim(x, s0, block, axis=2)
+
+        scores = jnp.einsum(
+            "btgnd,bgkd->bgntk", qg, take(keys).astype(q.dtype), preferred_element_type=jnp.float32
+        )
+        if kscale is not None:
+            scores = scores * take(kscale).astype(jnp.float32)[:, :, None, None, :]
+        kp = jax.lax.dynamic_slice_in_dim(key_pos, s0, block, axis=1)
+        ok = jax.lax.dynamic_slice_in_dim(key_ok, s0, block, axis=1) & (s0 + jnp.arange(block) >= j * block)
+        mask = visible_keys(kp, ok, q_pos, window)[:, None, None, :, :]
+        scores = jnp.where(mask, scores, NEG_INF)
+        m_new = jnp.maximum(m, scores.max(axis=-1))
+        p = jnp.where(mask, jnp.exp(scores - m_new[..., None]), 0.0)
+        corr = jnp.exp(m - m_new)
+        pv = p if vscale is None else p * take(vscale).astype(jnp.float32)[:, :, None, None, :]
+        upd = jnp.einsum("bgntk,bgkd->bgntd", pv.astype(q.dtype), take(vals).astype(q.dtype),
+                         preferred_element_type=jnp.float32)  # fmt: skip
+        return m_new, norm * corr + p.sum(axis=-1), acc * corr[..., None] + upd
+
+    m0 = jnp.full((B, kvh, nh // kvh, T), NEG_INF, jnp.float32)
+    init = (m0, jnp.zeros_like(m0), jnp.zeros((B, kvh, nh // kvh, T, d), jnp.float32))
+    _, norm, acc = jax.lax.fori_loop(lo, hi, step, init)
+    out = acc / jnp.where(norm > 0, norm, 1.0)[..., None]
+    return jnp.moveaxis(out, 3, 1).reshape(B, T, nh * d).astype(q.dtype)

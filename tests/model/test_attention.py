@@ -1,0 +1,84 @@
+"""attend_blocked equals the one-pass attend wherever a real query reads: causal and sliding masks,
+int8 scales, key holes, rows at different positions, ragged block edges; and it skips blocks
+that no real query can see (a dynamic trip count) without changing the answer."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from g4bench.model.attention import attend, attend_blocked, visible_keys
+
+
+def _case(seed: int, *, B: int, T: int, K: int, nh: int, kvh: int, d: int, scaled: bool):
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.standard_normal((B, T, nh, d)), jnp.float32)
+    keys = jnp.asarray(rng.standard_normal((B, kvh, K, d)) * 2.0, jnp.float32)
+    vals = jnp.asarray(rng.standard_normal((B, kvh, K, d)), jnp.float32)
+    ks = jnp.asarray(rng.uniform(0.5, 2.0, (B, kvh, K)), jnp.float32) if scaled else None
+    vs = jnp.asarray(rng.uniform(0.5, 2.0, (B, kvh, K)), jnp.float32) if scaled else None
+    return q, keys, vals, ks, vs
+
+
+@pytest.mark.parametrize(
+    "T,K,block,window,scaled",
+    [
+        (8, 64, 16, None, False),  # full causal, K a multiple of the block
+        (8, 70, 16, None, True),  # ragged last block (overlaps its predecessor), int8-style scales
+        (5, 48, 64, 12, False),  # block larger than K; sliding window
+        (16, 96, 8, 20, True),  # many blocks, window, scales
+    ],
+)
+def test_blocked_matches_one_pass(T: int, K: int, block: int, window: int | None, scaled: bool) -> None:
+    B, nh, kvh, d = 2, 4, 2, 8
+    q, keys, vals, ks, vs = _case(T * K + block, B=B, T=T, K=K, nh=nh, kvh=kvh, d=d, scaled=scaled)
+    starts = np.array([K // 3, K - T])  # two rows, two positions
+    q_pos = jnp.asarray(starts[:, None] + np.arange(T)[None, :], jnp.int32)
+    n_valid = np.array([T - 3, T])  # row 0 has padding queries
+    q_valid = jnp.asarray(np.arange(T)[None, :] < n_valid[:, None])
+    key_pos = jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32)[None, :], (B, K))
+    holes = np.ones((B, K), bool)
+    holes[0, 1] = holes[1, K // 2] = False  # invalid keys inside the range are skipped
+    key_ok = jnp.asarray(holes)
+
+    want = attend(q, keys, vals, ks, vs, visible_keys(key_pos, key_ok, q_pos, window))
+    got = attend_blocked(q, keys, vals, ks, vs, key_pos, key_ok, q_pos, q_valid, window=window, block=block)
+    real = np.asarray(q_valid)
+    np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], rtol=2e-5, atol=2e-5)
+
+
+def test_blocks_no_query_sees_are_not_read() -> None:
+    """Keys past every real query's position (a bucket's tail) and keys before every window are
+    never read: poisoning them with NaN leaves the answer finite and equal to one pass over the rest."""
+    B, T, K, nh, kvh, d, block, window = 1, 4, 128, 2, 1, 8, 16, 20
+    q, keys, vals, _, _ = _case(7, B=B, T=T, K=K, nh=nh, kvh=kvh, d=d, scaled=False)
+    q_pos = jnp.asarray([[60, 61, 62, 63]], jnp.int32)
+    q_valid = jnp.ones((B, T), bool)
+    key_pos = jnp.arange(K, dtype=jnp.int32)[None, :]
+    key_ok = jnp.ones((B, K), bool)
+    outside = (np.arange(K) < 32) | (np.arange(K) >= 64)  # blocks 0-1 and 4-7: nothing visible there
+    poisoned_k = jnp.where(jnp.asarray(outside)[None, None, :, None], jnp.nan, keys)
+    poisoned_v = jnp.where(jnp.asarray(outside)[None, None, :, None], jnp.nan, vals)
+
+    got = attend_blocked(q, poisoned_k, poisoned_v, None, None, key_pos, key_ok, q_pos, q_valid,
+                         window=window, block=block)  # fmt: skip
+    want = attend(q, keys, vals, None, None, visible_keys(key_pos, key_ok, q_pos, window))
+    assert np.isfinite(np.asarray(got)).all()
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
+
+
+def test_blocked_is_one_program_for_every_length() -> None:
+    """The trip count is data, not shape: one compiled program serves every query position."""
+    B, T, K, nh, kvh, d = 1, 4, 64, 2, 1, 8
+    q, keys, vals, _, _ = _case(3, B=B, T=T, K=K, nh=nh, kvh=kvh, d=d, scaled=False)
+    key_pos = jnp.arange(K, dtype=jnp.int32)[None, :]
+    key_ok = jnp.ones((B, K), bool)
+    run = jax.jit(lambda q_pos: attend_blocked(q, keys, vals, None, None, key_pos, key_ok, q_pos,
+                                               jnp.ones((B, T), bool), window=None, block=16))  # fmt: skip
+    for start in (0, 13, 60):
+        q_pos = jnp.asarray(start + np.arange(T)[None, :], jnp.int32)
+        want = attend(q, keys, vals, None, None, visible_keys(key_pos, key_ok, q_pos, None))
+        np.testing.assert_allclose(np.asarray(run(q_pos)), np.asarray(want), rtol=2e-5, atol=2e-5)
+    assert run._cache_size() == 1
