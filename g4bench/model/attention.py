@@ -35,15 +35,20 @@ def attend(
     B, T, nh, d = q.shape
     kvh = keys.shape[1]
     qg = q.reshape(B, T, kvh, nh // kvh, d)
-    scores = jnp.einsum("btgnd,bgkd->bgntk", qg, keys.astype(q.dtype), preferred_element_type=jnp.float32)
-    if kscale is not None:
-        scores = scores * kscale.astype(jnp.float32)[:, :, None, None, :]
-    scores = jnp.where(mask[:, None, None, :, :], scores, NEG_INF)
+    scores = jnp.where(mask[:, None, None, :, :], _scores(qg, keys, kscale), NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1)
     if vscale is not None:
         probs = probs * vscale.astype(jnp.float32)[:, :, None, None, :]
     out = jnp.einsum("bgntk,bgkd->btgnd", probs.astype(q.dtype), vals.astype(q.dtype))
     return out.reshape(B, T, nh * d)
+
+
+def _scores(qg: jax.Array, keys: jax.Array, kscale: jax.Array | None) -> jax.Array:
+    """q·k f32 [B, kvh, n, T, K] of grouped queries qg [B, T, kvh, n, d], int8 key scales folded in."""
+    scores = jnp.einsum("btgnd,bgkd->bgntk", qg, keys.astype(qg.dtype), preferred_element_type=jnp.float32)
+    if kscale is not None:
+        scores = scores * kscale.astype(jnp.float32)[:, :, None, None, :]
+    return scores
 
 
 def visible_keys(key_pos: jax.Array, key_ok: jax.Array, q_pos: jax.Array, window: int | None) -> jax.Array:
@@ -97,11 +102,7 @@ def attend_blocked(
         def take(x: jax.Array) -> jax.Array:
             return jax.lax.dynamic_slice_in_dim(x, s0, block, axis=2)
 
-        scores = jnp.einsum(
-            "btgnd,bgkd->bgntk", qg, take(keys).astype(q.dtype), preferred_element_type=jnp.float32
-        )
-        if kscale is not None:
-            scores = scores * take(kscale).astype(jnp.float32)[:, :, None, None, :]
+        scores = _scores(qg, take(keys), None if kscale is None else take(kscale))
         kp = jax.lax.dynamic_slice_in_dim(key_pos, s0, block, axis=1)
         ok = jax.lax.dynamic_slice_in_dim(key_ok, s0, block, axis=1) & (s0 + jnp.arange(block) >= j * block)
         mask = visible_keys(kp, ok, q_pos, window)[:, None, None, :, :]
