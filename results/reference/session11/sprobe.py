@@ -1,21 +1,52 @@
-"""Scheduler-level TTFT: one cached-suffix request alone vs one cold 200-token alone (small)."""
-import statistics, sys, threading, time
+"""Scheduler-level TTFT: one cached-suffix request alone vs one cold 200-token request alone.
+
+Usage: python sprobe.py [model]   (default: small)
+"""
+
+import sys
+import threading
+
 import numpy as np
+
 from g4bench.engine.engine import EngineConfig
 from g4bench.engine.loading import load_engine
-from g4bench.engine.scheduler import Scheduler, GenerationParams
-engine,_=load_engine(sys.argv[1] if len(sys.argv)>1 else 'small', EngineConfig(max_slots=8, max_len=4096))
-sch=Scheduler(engine).start()
+from g4bench.engine.scheduler import GenerationParams, Scheduler
+
+engine, _ = load_engine(
+    sys.argv[1] if len(sys.argv) > 1 else "small", EngineConfig(max_slots=8, max_len=4096)
+)
+scheduler = Scheduler(engine).start()
+
+
 class Sink:
-    def __init__(s): s.ev=threading.Event(); s.res=None
-    def on_token(s,t,lp=None): return False
-    def on_finish(s,r): s.res=r; s.ev.set()
-def run(prompt, n=16):
-    k=Sink(); sch.submit(prompt, GenerationParams(max_tokens=n, ignore_eos=True), k); k.ev.wait(); return k.res
-rng=np.random.default_rng(0)
-sysp=list(rng.integers(10,100,2000))
-print('lead', run(sysp+list(rng.integers(10,100,200))).ttft_s)
-for r in range(6):
-    a=run(sysp+list(rng.integers(10,100,200))); b=run(list(rng.integers(10,100,200)))
-    print(f"cached {a.cached_tokens} ttft {a.ttft_s*1e3:.0f} ms; cold ttft {b.ttft_s*1e3:.0f} ms")
-sch.stop()
+    """Collects one request's result; the probe waits on `done`."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.result = None
+
+    def on_token(self, token, logprob=None):
+        return False
+
+    def on_finish(self, result):
+        self.result = result
+        self.done.set()
+
+
+def run(prompt, max_tokens=16):
+    sink = Sink()
+    scheduler.submit(prompt, GenerationParams(max_tokens=max_tokens, ignore_eos=True), sink)
+    sink.done.wait()
+    return sink.result
+
+
+rng = np.random.default_rng(0)
+system_prompt = list(rng.integers(10, 100, 2000))
+print("lead", run(system_prompt + list(rng.integers(10, 100, 200))).ttft_s)
+for _ in range(6):
+    cached = run(system_prompt + list(rng.integers(10, 100, 200)))
+    cold = run(list(rng.integers(10, 100, 200)))
+    print(
+        f"cached {cached.cached_tokens} ttft {cached.ttft_s * 1e3:.0f} ms; cold ttft {cold.ttft_s * 1e3:.0f} ms"
+    )
+scheduler.stop()
