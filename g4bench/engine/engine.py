@@ -7,11 +7,12 @@
 The cache (`max_slots` × `max_len`) is allocated once. Every call runs one of a small fixed set of
 jitted programs (JetStream's prefill / insert / generate split, folded into slot-indexed calls):
 
-- prefill: one slot, a chunk padded to a chunk bucket, reading a bucketed KV length (on the CPU it
-  attends block by block over only the keys its queries can see: `prefill_attention_block`);
+- prefill: one slot, a chunk padded to a chunk bucket, reading a bucketed KV length;
 - decode: all slots, one token each, attending over the KV length bucket that covers the longest
   active sequence (a ring for sliding layers), sampling on the device so the host reads back one
   token id per slot;
+
+both attend block by block on the CPU, over only the keys their queries can see (`attention_block`);
 - copy_slot: one slot's KV into another (contiguous prefix sharing).
 
 Constrained decoding and logprobs split the decode step in two (the fused one stays for batches that
@@ -66,10 +67,11 @@ def platform_compute_dtype() -> Any:
     return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
 
 
-def platform_prefill_attention_block() -> int | None:
-    """Keys per online-softmax block in prefill attention: 256 on the CPU, where one [T, K] pass
-    over a chunk's scores outgrows the caches (g4bench/model/attention.py); None (one fused pass)
-    on accelerators, where one large product is fastest."""
+def platform_attention_block() -> int | None:
+    """Keys per online-softmax block in prefill and decode attention: 256 on the CPU, where a
+    one-pass product over a bucket's scores (and f32 copies of its keys and values) outgrows the
+    caches (g4bench/model/attention.py); None (one fused pass) on accelerators, where one large
+    product is fastest."""
     return 256 if jax.default_backend() == "cpu" else None
 
 
@@ -207,20 +209,20 @@ class Engine:
         params: Params,
         ecfg: EngineConfig | None = None,
         compute_dtype: Any = None,
-        prefill_attention_block: int | None | str = "auto",
+        attention_block: int | None | str = "auto",
     ):
         self.cfg = cfg
         self.ecfg = ecfg or EngineConfig()
         self.layout = self.ecfg.layout_for(cfg)
         self.compute_dtype = compute_dtype or platform_compute_dtype()
-        self.prefill_attention_block = (
-            platform_prefill_attention_block() if prefill_attention_block == "auto" else prefill_attention_block
+        self.attention_block = (
+            platform_attention_block() if attention_block == "auto" else attention_block
         )
-        if self.prefill_attention_block is not None and (
-            not isinstance(self.prefill_attention_block, int) or self.prefill_attention_block < 1
+        if self.attention_block is not None and (
+            not isinstance(self.attention_block, int) or self.attention_block < 1
         ):
-            raise ValueError(f"prefill_attention_block must be a positive int, None or 'auto', "
-                             f"got {prefill_attention_block!r}")  # fmt: skip
+            raise ValueError(f"attention_block must be a positive int, None or 'auto', "
+                             f"got {attention_block!r}")  # fmt: skip
         self.params = params
         self.cache = init_cache(cfg, self.ecfg.max_slots, self.layout)
         self.tables = default_tables(cfg, self.ecfg, self.layout)
@@ -234,7 +236,7 @@ class Engine:
                 cfg=cfg,
                 layout=self.layout,
                 cdt=self.compute_dtype,
-                attention_block=self.prefill_attention_block,
+                attention_block=self.attention_block,
             ),
             static_argnames=("kv_len",),
             donate_argnums=donate,
@@ -246,12 +248,19 @@ class Engine:
                 layout=self.layout,
                 cdt=self.compute_dtype,
                 keep_logits=self.ecfg.keep_logits,
+                attention_block=self.attention_block,
             ),
             static_argnames=("kv_len",),
             donate_argnums=donate,
         )
         self._forward = jax.jit(
-            partial(_decode_forward, cfg=cfg, layout=self.layout, cdt=self.compute_dtype),
+            partial(
+                _decode_forward,
+                cfg=cfg,
+                layout=self.layout,
+                cdt=self.compute_dtype,
+                attention_block=self.attention_block,
+            ),
             static_argnames=("kv_len",),
             donate_argnums=donate,
         )
@@ -472,8 +481,9 @@ def _prefill_step(
 
 
 def _decode_step(
-    params, cache, sampling, tokens, positions, active, tables=None, *, cfg, layout, cdt, kv_len, keep_logits=False
-):
+    params, cache, sampling, tokens, positions, active, tables=None, *, cfg, layout, cdt, kv_len,
+    keep_logits=False, attention_block=None,
+):  # fmt: skip
     """Every slot one token: (cache, logits f32 [S, V] if keep_logits else None, next ids i32 [S])."""
     logits, cache = forward(
         params,
@@ -486,15 +496,18 @@ def _decode_step(
         kv_len=kv_len,
         compute_dtype=cdt,
         tables=tables,
+        attention_block=attention_block,
     )
     return cache, (logits if keep_logits else None), sample(logits, positions, sampling, cfg.eos_token_ids)
 
 
-def _decode_forward(params, cache, tokens, positions, active, tables, *, cfg, layout, cdt, kv_len):
+def _decode_forward(
+    params, cache, tokens, positions, active, tables, *, cfg, layout, cdt, kv_len, attention_block=None
+):
     """`_decode_step` without the sampler: (cache, logits f32 [S, V])."""
     logits, cache = forward(
         params, tokens[:, None], positions, active.astype(jnp.int32), cache, cfg, layout,
-        kv_len=kv_len, compute_dtype=cdt, tables=tables,
+        kv_len=kv_len, compute_dtype=cdt, tables=tables, attention_block=attention_block,
     )  # fmt: skip
     return cache, logits
 

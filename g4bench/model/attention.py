@@ -5,19 +5,24 @@
 
 Both compute softmax(q kᵀ · 1.0 + mask) v per query (Gemma 4's scaling 1.0), int8 scales folded in,
 without repeating K/V across the query heads of a group. `attend` materializes the [T, K] scores of
-every head at once: right for decode (T = 1) and on accelerators, where one large fused product is
-fastest. `attend_blocked` walks the keys `block` at a time with an online softmax (running max,
-normalizer and f32 accumulator; FlashAttention's recurrence) and visits only the blocks that hold a
-key some query can see. On the CPU a prefill chunk's [T, K] scores outgrow the caches (the small
+every head at once: right on accelerators, where one large fused product is fastest.
+`attend_blocked` walks the keys `block` at a time with an online softmax (running max, normalizer
+and f32 accumulator; FlashAttention's recurrence) and visits only the blocks that hold a key some
+query can see. The engine uses it for prefill and decode on the CPU (g4bench/engine/engine.py),
+where one pass costs twice over: a prefill chunk's [T, K] scores outgrow the caches (the small
 model's full layer, 256 queries: one pass over a 3,072-key bucket 68 ms, 256-key blocks over the
-2,200 keys the chunk needs 25 ms), and a bucketed read is up to 1.5× longer than the keys a chunk
-attends to. The engine uses it for prefill on the CPU (g4bench/engine/engine.py).
+2,200 keys the chunk needs 25 ms), and XLA:CPU widens the whole bf16 read to an f32 copy before
+the products (the small model's decode step at batch 8 over a 3,072-key bucket: 124 ms one pass,
+93 ms in blocks, which slice the stored bits and widen one block at a time; 85–88 ms at 512 keys).
+A bucketed read is also up to 1.5× longer than the keys the queries attend to.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from g4bench.model.kv_cache import as_bits, from_bits
 
 NEG_INF = -1e30
 
@@ -84,6 +89,12 @@ def attend_blocked(
     kvh, K = keys.shape[1], keys.shape[2]
     block = min(block, K)
     qg = q.reshape(B, T, kvh, nh // kvh, d)
+    # The loop slices K/V as stored (16-bit floats as uint16 bits) and widens one block at a time:
+    # a bf16 array carried into the loop would be widened to f32 whole on the way in by XLA:CPU,
+    # which has no bf16 loop state (an f32 copy of every key and value read, each step).
+    operands = {"k": keys, "v": vals, "ks": kscale, "vs": vscale}
+    stored = {name: as_bits(x) for name, x in operands.items() if x is not None}
+    dtypes = {name: x.dtype for name, x in operands.items() if x is not None}
     idx = jnp.arange(K, dtype=jnp.int32)
     top = jnp.max(jnp.where(q_valid, q_pos, -1))
     reach = key_ok & (key_pos <= top)
@@ -99,10 +110,10 @@ def attend_blocked(
         m, norm, acc = carry
         s0 = jnp.minimum(j * block, K - block)  # clamped: the last block may overlap the one before
 
-        def take(x: jax.Array) -> jax.Array:
-            return jax.lax.dynamic_slice_in_dim(x, s0, block, axis=2)
+        def take(name: str) -> jax.Array:
+            return from_bits(jax.lax.dynamic_slice_in_dim(stored[name], s0, block, axis=2), dtypes[name])
 
-        scores = _scores(qg, take(keys), None if kscale is None else take(kscale))
+        scores = _scores(qg, take("k"), None if kscale is None else take("ks"))
         kp = jax.lax.dynamic_slice_in_dim(key_pos, s0, block, axis=1)
         ok = jax.lax.dynamic_slice_in_dim(key_ok, s0, block, axis=1) & (s0 + jnp.arange(block) >= j * block)
         mask = visible_keys(kp, ok, q_pos, window)[:, None, None, :, :]
@@ -110,8 +121,8 @@ def attend_blocked(
         m_new = jnp.maximum(m, scores.max(axis=-1))
         p = jnp.where(mask, jnp.exp(scores - m_new[..., None]), 0.0)
         corr = jnp.exp(m - m_new)
-        pv = p if vscale is None else p * take(vscale).astype(jnp.float32)[:, :, None, None, :]
-        upd = jnp.einsum("bgntk,bgkd->bgntd", pv.astype(q.dtype), take(vals).astype(q.dtype),
+        pv = p if vscale is None else p * take("vs").astype(jnp.float32)[:, :, None, None, :]
+        upd = jnp.einsum("bgntk,bgkd->bgntd", pv.astype(q.dtype), take("v").astype(q.dtype),
                          preferred_element_type=jnp.float32)  # fmt: skip
         return m_new, norm * corr + p.sum(axis=-1), acc * corr[..., None] + upd
 

@@ -220,8 +220,9 @@ def forward(
     takes `tables` instead: {group: i32[B, max_len // block_size]}, the batch rows' block tables
     (g4bench/model/paged_kv.py). Returns logits f32 [B, T, V] if `all_logits` else [B, V] at each
     row's last real token, and the updated cache (rows with n_valid 0 unchanged).
-    `attention_block` (static): a call of more than one query attends over key blocks of that many
-    keys (model/attention.py's attend_blocked; the engine's CPU prefill); None: one pass."""
+    `attention_block` (static): attend over key blocks of that many keys, visiting only those some
+    real query can see (model/attention.py's attend_blocked; the engine's CPU prefill and decode);
+    None: one pass over every key read."""
     B, T = tokens.shape
     if layout.paged and tables is None:
         raise ValueError("a paged cache layout needs block tables")
@@ -306,7 +307,7 @@ def forward(
             kv, key_pos, key_ok = shared[ltype]
 
         window = None if ltype == FULL else cfg.sliding_window
-        if attention_block and Tq > 1:
+        if attention_block:
             a = attend_blocked(
                 q, kv["k"], kv["v"], kv.get("ks"), kv.get("vs"), key_pos, key_ok, q_pos, valid_q,
                 window=window, block=attention_block,

@@ -226,18 +226,28 @@ def test_chunked_prefill_equals_one_shot(chunk, seq, ref, engine_full, engine_ri
 
 @pytest.mark.parametrize("block", [None, 5])
 @pytest.mark.parametrize("sliding", ["full", "ring"])
-def test_prefill_attention_blocks_equal_one_pass(block, sliding, cfg, params, seq, ref, kv_layout):
-    """Prefill attention over 5-key blocks (many blocks, trip counts that skip what no query sees;
-    ragged edges: tests/model/test_attention.py) and in one pass (the accelerator path) both give
-    the reference logits, chunked and one-shot; the CPU engine picks blocks by default."""
+def test_attention_blocks_equal_one_pass(block, sliding, cfg, params, seq, ref, kv_layout):
+    """Attention over 5-key blocks (many blocks, trip counts that skip what no query sees; ragged
+    edges: tests/model/test_attention.py) and in one pass (the accelerator path) both give the
+    reference logits: prefill chunked and one-shot, then decode steps with two slots at different
+    positions; the CPU engine picks blocks by default."""
     engine = make_engine(cfg, params, sliding_kv=sliding, kv_layout=kv_layout)
-    assert engine.prefill_attention_block == (256 if jax.default_backend() == "cpu" else None)
-    engine = Engine(cfg, params, engine.ecfg, compute_dtype=jnp.float32, prefill_attention_block=block)
+    assert engine.attention_block == (256 if jax.default_backend() == "cpu" else None)
+    engine = Engine(cfg, params, engine.ecfg, compute_dtype=jnp.float32, attention_block=block)
     for chunk in (7, 32):
         prefill(engine, 1, seq[:30], chunk=chunk)
         np.testing.assert_allclose(np.asarray(engine.last_logits), ref[29], atol=TOL, rtol=0)
-    with pytest.raises(ValueError, match="prefill_attention_block"):
-        Engine(cfg, params, engine.ecfg, prefill_attention_block=0)
+    prefill(engine, 0, seq[:10])
+    S = engine.ecfg.max_slots
+    active = np.arange(S) < 2
+    for step in range(6):
+        pos = np.zeros(S, np.int32)
+        pos[0], pos[1] = 10 + step, 30 + step
+        engine.decode(np.asarray(seq)[pos], pos, active)
+        got = np.asarray(engine.last_logits)
+        np.testing.assert_allclose(got[:2], ref[pos[:2]], atol=TOL, rtol=0)
+    with pytest.raises(ValueError, match="attention_block"):
+        Engine(cfg, params, engine.ecfg, attention_block=0)
 
 
 def test_inactive_slots_are_untouched(seq, ref, engine_full):

@@ -1,6 +1,7 @@
 """attend_blocked equals the one-pass attend wherever a real query reads: causal and sliding masks,
-int8 scales, key holes, rows at different positions, ragged block edges; and it skips blocks
-that no real query can see (a dynamic trip count) without changing the answer."""
+int8 scales, bf16 keys, key holes, rows at different positions, ragged block edges, one query
+(decode); it skips blocks that no real query can see (a dynamic trip count) without changing the
+answer, and widens bf16 keys one block at a time."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ def _case(seed: int, *, B: int, T: int, K: int, nh: int, kvh: int, d: int, scale
         (8, 70, 16, None, True),  # ragged last block (overlaps its predecessor), int8-style scales
         (5, 48, 64, 12, False),  # block larger than K; sliding window
         (16, 96, 8, 20, True),  # many blocks, window, scales
+        (1, 80, 16, None, False),  # one query per row: decode
+        (1, 80, 16, 24, True),  # decode, sliding window, scales
     ],
 )
 def test_blocked_matches_one_pass(T: int, K: int, block: int, window: int | None, scaled: bool) -> None:
@@ -36,7 +39,7 @@ def test_blocked_matches_one_pass(T: int, K: int, block: int, window: int | None
     q, keys, vals, ks, vs = _case(T * K + block, B=B, T=T, K=K, nh=nh, kvh=kvh, d=d, scaled=scaled)
     starts = np.array([K // 3, K - T])  # two rows, two positions
     q_pos = jnp.asarray(starts[:, None] + np.arange(T)[None, :], jnp.int32)
-    n_valid = np.array([T - 3, T])  # row 0 has padding queries
+    n_valid = np.array([max(T - 3, 1), T])  # row 0 has padding queries (if it has more than one)
     q_valid = jnp.asarray(np.arange(T)[None, :] < n_valid[:, None])
     key_pos = jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32)[None, :], (B, K))
     holes = np.ones((B, K), bool)
@@ -82,3 +85,21 @@ def test_blocked_is_one_program_for_every_length() -> None:
         want = attend(q, keys, vals, None, None, visible_keys(key_pos, key_ok, q_pos, None))
         np.testing.assert_allclose(np.asarray(run(q_pos)), np.asarray(want), rtol=2e-5, atol=2e-5)
     assert run._cache_size() == 1
+
+
+def test_bf16_keys_are_widened_block_by_block() -> None:
+    """bf16 K/V (the cache's storage) give one pass's answer, and the compiled program holds no f32
+    copy of all the keys: XLA:CPU widens a bf16 array carried into a loop whole, which made the
+    CPU decode step at a 3,072-key bucket cost 1.3× one at 512 keys (the slicing happens on bits)."""
+    B, T, K, nh, kvh, d = 2, 1, 96, 4, 1, 32
+    q, keys, vals, _, _ = _case(11, B=B, T=T, K=K, nh=nh, kvh=kvh, d=d, scaled=False)
+    kb, vb = keys.astype(jnp.bfloat16), vals.astype(jnp.bfloat16)
+    q_pos = jnp.asarray([[40], [90]], jnp.int32)
+    key_pos = jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32)[None, :], (B, K))
+    key_ok = jnp.ones((B, K), bool)
+    run = jax.jit(lambda q, k, v: attend_blocked(q, k, v, None, None, key_pos, key_ok, q_pos,
+                                                 jnp.ones((B, T), bool), window=None, block=16))  # fmt: skip
+    want = attend(q, kb, vb, None, None, visible_keys(key_pos, key_ok, q_pos, None))
+    np.testing.assert_allclose(np.asarray(run(q, kb, vb)), np.asarray(want), rtol=1e-5, atol=1e-5)
+    hlo = run.lower(q, kb, vb).compile().as_text()
+    assert f"f32[{B},{kvh},{K},{d}]" not in hlo
