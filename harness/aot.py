@@ -150,7 +150,7 @@ def prefill_batch(params, cache, tokens, start, n_valid, *, cfg, layout, cdt, kv
 
 
 def program_for(
-    payload: dict[str, Any], sharding: Any, compute_dtype: Any
+    payload: dict[str, Any], sharding: Any, compute_dtype: Any, attention_block: int | None = None
 ) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """(jitted program, abstract args, facts) for a decode step or a batched prefill call.
 
@@ -165,7 +165,9 @@ def program_for(
     from g4bench.model import costs
     from g4bench.model.kv_cache import cache_specs
 
-    bench = make_decode_bench(case_from(payload["case"]), compute_dtype=compute_dtype)
+    bench = make_decode_bench(
+        case_from(payload["case"]), compute_dtype=compute_dtype, attention_block=attention_block
+    )
     case, cfg = bench.case, bench.cfg
     facts = {"weights_bytes": bench.weights_bytes, "kv_bytes": bench.kv_bytes}
     if payload.get("program", "decode") == "decode":
@@ -231,6 +233,7 @@ def compile_program(payload: dict[str, Any]) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
+    from g4bench.engine.engine import platform_attention_block
     from harness.isolate import configure_jax_cache
 
     configure_jax_cache()
@@ -239,7 +242,10 @@ def compile_program(payload: dict[str, Any]) -> dict[str, Any]:
     on_cpu = target == "local" and jax.default_backend() == "cpu"
     compute = payload.get("compute") or ("f32" if on_cpu else "bf16")
     cdt = {"f32": jnp.float32, "bf16": jnp.bfloat16}[compute]
-    jitted, args, facts = program_for(payload, sharding, cdt)
+    # the program the engine serves there: key-blocked attention on this host's CPU, one pass for
+    # an accelerator (engine.platform_attention_block)
+    block = platform_attention_block() if target == "local" else None
+    jitted, args, facts = program_for(payload, sharding, cdt, block)
     result: dict[str, Any] = {"device": device, "compute": compute, **facts}
     t0 = time.perf_counter()
     lowered = jitted.lower(*args)

@@ -26,7 +26,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from g4bench.engine.engine import EngineConfig, _decode_step, default_tables, platform_compute_dtype
+from g4bench.engine.engine import (
+    EngineConfig,
+    _decode_step,
+    default_tables,
+    platform_compute_dtype,
+    resolve_attention_block,
+)
 from g4bench.engine.sampling import SamplingState
 from g4bench.model.config import ModelConfig, load_config
 from g4bench.model.kv_cache import CacheLayout, cache_bytes, cache_specs, init_cache
@@ -83,6 +89,7 @@ class DecodeBench:
     cfg: ModelConfig
     compute_dtype: Any
     seed: int = 0
+    attention_block: int | None = None  # the engine's: key blocks on the CPU, one pass on accelerators
     params: Any = field(default=None, repr=False)
     compiled: Any = field(default=None, repr=False)
 
@@ -111,8 +118,9 @@ class DecodeBench:
         """The engine's decode program with its static arguments bound:
         f(params, cache, sampling, tokens, positions, active(, block tables when paged))."""
         return partial(
-            _decode_step, cfg=self.cfg, layout=self.layout, cdt=self.compute_dtype, kv_len=self.case.ctx
-        )
+            _decode_step, cfg=self.cfg, layout=self.layout, cdt=self.compute_dtype, kv_len=self.case.ctx,
+            attention_block=self.attention_block,
+        )  # fmt: skip
 
     @property
     def jitted(self):
@@ -181,8 +189,12 @@ class DecodeBench:
         return (new_cache, *state[1:])
 
 
-def make_decode_bench(case: DecodeCase, seed: int = 0, compute_dtype: Any = None) -> DecodeBench:
-    """A benchmark of `case`; nothing is allocated until `compile()`."""
+def make_decode_bench(
+    case: DecodeCase, seed: int = 0, compute_dtype: Any = None, attention_block: int | None | str = "auto"
+) -> DecodeBench:
+    """A benchmark of `case`; nothing is allocated until `compile()`. `compute_dtype` and
+    `attention_block` default to the engine's on this host's platform (engine.py); a program compiled
+    for another target passes that target's (harness/aot.py)."""
     if case.ctx < 1 or case.batch < 1:
         raise ValueError(f"batch and ctx must be positive, got batch={case.batch} ctx={case.ctx}")
     return DecodeBench(
@@ -190,4 +202,5 @@ def make_decode_bench(case: DecodeCase, seed: int = 0, compute_dtype: Any = None
         cfg=load_config(case.model),
         compute_dtype=compute_dtype or platform_compute_dtype(),
         seed=seed,
+        attention_block=resolve_attention_block(attention_block),
     )

@@ -75,6 +75,15 @@ def platform_attention_block() -> int | None:
     return 256 if jax.default_backend() == "cpu" else None
 
 
+def resolve_attention_block(value: int | None | str) -> int | None:
+    """An `attention_block` argument: "auto" is the platform's; else a positive int or None."""
+    if value == "auto":
+        return platform_attention_block()
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"attention_block must be a positive int, None or 'auto', got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     max_slots: int = 8
@@ -215,14 +224,7 @@ class Engine:
         self.ecfg = ecfg or EngineConfig()
         self.layout = self.ecfg.layout_for(cfg)
         self.compute_dtype = compute_dtype or platform_compute_dtype()
-        self.attention_block = (
-            platform_attention_block() if attention_block == "auto" else attention_block
-        )
-        if self.attention_block is not None and (
-            not isinstance(self.attention_block, int) or self.attention_block < 1
-        ):
-            raise ValueError(f"attention_block must be a positive int, None or 'auto', "
-                             f"got {attention_block!r}")  # fmt: skip
+        self.attention_block = resolve_attention_block(attention_block)
         self.params = params
         self.cache = init_cache(cfg, self.ecfg.max_slots, self.layout)
         self.tables = default_tables(cfg, self.ecfg, self.layout)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from g4bench.engine.bench import DecodeCase, make_decode_bench
+from g4bench.engine.engine import platform_attention_block
 from g4bench.model.params import tree_bytes
 
 
@@ -48,3 +49,13 @@ def test_e2b_memory_faithful_case_bytes():
 def test_rejects_empty_case():
     with pytest.raises(ValueError, match="positive"):
         make_decode_bench(DecodeCase(model="tiny-a", batch=0))
+
+
+def test_bench_runs_the_engines_attention_unless_told():
+    """The bench times the engine's decode program: key-blocked attention where the engine uses it
+    (the CPU), one pass where told (harness/aot.py for an accelerator target); a bad block is refused."""
+    case = DecodeCase(model="tiny-a", batch=2, ctx=64)
+    assert make_decode_bench(case).attention_block == platform_attention_block()
+    assert make_decode_bench(case, attention_block=None).attention_block is None
+    with pytest.raises(ValueError, match="attention_block"):
+        make_decode_bench(case, attention_block=0)
