@@ -14,7 +14,10 @@ model's full layer, 256 queries: one pass over a 3,072-key bucket 68 ms, 256-key
 2,200 keys the chunk needs 25 ms), and XLA:CPU widens the whole bf16 read to an f32 copy before
 the products (the small model's decode step at batch 8 over a 3,072-key bucket: 124 ms one pass,
 93 ms in blocks, which slice the stored bits and widen one block at a time; 85–88 ms at 512 keys).
-A bucketed read is also up to 1.5× longer than the keys the queries attend to.
+A bucketed read is also up to 1.5× longer than the keys the queries attend to. A paged read
+(`paged=`, g4bench/model/paged_kv.py) is gathered from its pools one attention block at a time, so
+a paged step reads what a contiguous one reads (small, batch 8, 3,072-key bucket: 74 ms vs 112 ms
+gathering the whole bucket for one pass).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from g4bench.model.kv_cache import as_bits, from_bits
+from g4bench.model.paged_kv import PagedKeys
 
 NEG_INF = -1e30
 
@@ -66,8 +70,8 @@ def visible_keys(key_pos: jax.Array, key_ok: jax.Array, q_pos: jax.Array, window
 
 def attend_blocked(
     q: jax.Array,
-    keys: jax.Array,
-    vals: jax.Array,
+    keys: jax.Array | None,
+    vals: jax.Array | None,
     kscale: jax.Array | None,
     vscale: jax.Array | None,
     key_pos: jax.Array,
@@ -77,6 +81,7 @@ def attend_blocked(
     *,
     window: int | None,
     block: int,
+    paged: PagedKeys | None = None,
 ) -> jax.Array:
     """`attend` with the mask `visible_keys(key_pos, key_ok, q_pos, window)`, computed over key
     blocks of `block` (the last one may overlap its predecessor; keys already counted are masked).
@@ -84,17 +89,27 @@ def attend_blocked(
     Blocks run from the first to the last key visible to any real query (`q_valid` [B, T]) of the
     batch: a dynamic trip count, so the bucket's tail past the sequence and a window's keys that no
     query reaches cost nothing. Padding queries are computed over the same blocks (their output is
-    never used); a query that sees no key there gets zeros."""
+    never used); a query that sees no key there gets zeros.
+
+    `paged` (keys … vscale None): a paged read (g4bench/model/paged_kv.py), gathered one block at a
+    time from its pools (`block` a multiple of its block size), never whole."""
     B, T, nh, d = q.shape
-    kvh, K = keys.shape[1], keys.shape[2]
-    block = min(block, K)
-    qg = q.reshape(B, T, kvh, nh // kvh, d)
     # The loop slices K/V as stored (16-bit floats as uint16 bits) and widens one block at a time:
     # a bf16 array carried into the loop would be widened to f32 whole on the way in by XLA:CPU,
     # which has no bf16 loop state (an f32 copy of every key and value read, each step).
-    operands = {"k": keys, "v": vals, "ks": kscale, "vs": vscale}
-    stored = {name: as_bits(x) for name, x in operands.items() if x is not None}
-    dtypes = {name: x.dtype for name, x in operands.items() if x is not None}
+    if paged is not None:
+        if keys is not None or vals is not None or block % paged.block_size:
+            raise ValueError("a paged read takes no dense K/V and a block that is a multiple of its block size")
+        K, kvh, dtypes = paged.num_keys, paged.pools["k"].shape[1], paged.dtypes
+        has = set(paged.pools)
+    else:
+        assert keys is not None and vals is not None
+        operands = {"k": keys, "v": vals, "ks": kscale, "vs": vscale}
+        stored = {name: as_bits(x) for name, x in operands.items() if x is not None}
+        dtypes = {name: x.dtype for name, x in operands.items() if x is not None}
+        K, kvh, has = keys.shape[2], keys.shape[1], set(stored)
+    block = min(block, K)
+    qg = q.reshape(B, T, kvh, nh // kvh, d)
     idx = jnp.arange(K, dtype=jnp.int32)
     top = jnp.max(jnp.where(q_valid, q_pos, -1))
     reach = key_ok & (key_pos <= top)
@@ -111,9 +126,11 @@ def attend_blocked(
         s0 = jnp.minimum(j * block, K - block)  # clamped: the last block may overlap the one before
 
         def take(name: str) -> jax.Array:
+            if paged is not None:
+                return from_bits(paged.block(name, s0, block), dtypes[name])
             return from_bits(jax.lax.dynamic_slice_in_dim(stored[name], s0, block, axis=2), dtypes[name])
 
-        scores = _scores(qg, take("k"), None if kscale is None else take("ks"))
+        scores = _scores(qg, take("k"), take("ks") if "ks" in has else None)
         kp = jax.lax.dynamic_slice_in_dim(key_pos, s0, block, axis=1)
         ok = jax.lax.dynamic_slice_in_dim(key_ok, s0, block, axis=1) & (s0 + jnp.arange(block) >= j * block)
         mask = visible_keys(kp, ok, q_pos, window)[:, None, None, :, :]
@@ -121,7 +138,7 @@ def attend_blocked(
         m_new = jnp.maximum(m, scores.max(axis=-1))
         p = jnp.where(mask, jnp.exp(scores - m_new[..., None]), 0.0)
         corr = jnp.exp(m - m_new)
-        pv = p if vscale is None else p * take("vs").astype(jnp.float32)[:, :, None, None, :]
+        pv = p if "vs" not in has else p * take("vs").astype(jnp.float32)[:, :, None, None, :]
         upd = jnp.einsum("bgntk,bgkd->bgntd", pv.astype(q.dtype), take("v").astype(q.dtype),
                          preferred_element_type=jnp.float32)  # fmt: skip
         return m_new, norm * corr + p.sum(axis=-1), acc * corr[..., None] + upd

@@ -39,7 +39,7 @@ from g4bench.model.config import FULL, SLIDING, ModelConfig
 from g4bench.model.kv_cache import Cache, CacheLayout, entry_dtypes, quantize_kv
 from g4bench.model.kv_cache import as_bits as _as_bits
 from g4bench.model.kv_cache import from_bits as _from_bits
-from g4bench.model.paged_kv import paged_update_and_read
+from g4bench.model.paged_kv import PagedKeys, paged_update_and_read
 from g4bench.model.quant import dequantize_ple_rows, unpack_w4a16
 
 
@@ -250,6 +250,7 @@ def forward(
     new_cache = list(cache)
     dtypes = entry_dtypes(layout)  # what each stored cache array holds
     shared: dict[str, tuple] = {}
+    kv: dict[str, jax.Array] | PagedKeys
     last_idx = jnp.maximum(n_valid - 1, 0)
 
     for i, lp in enumerate(params["layers"]):
@@ -307,14 +308,21 @@ def forward(
             kv, key_pos, key_ok = shared[ltype]
 
         window = None if ltype == FULL else cfg.sliding_window
-        if attention_block:
+        if attention_block and isinstance(kv, PagedKeys) and attention_block % kv.block_size == 0:
             a = attend_blocked(
-                q, kv["k"], kv["v"], kv.get("ks"), kv.get("vs"), key_pos, key_ok, q_pos, valid_q,
+                q, None, None, None, None, key_pos, key_ok, q_pos, valid_q,
+                window=window, block=attention_block, paged=kv,
+            )  # fmt: skip
+        elif attention_block:
+            dense = kv.gather() if isinstance(kv, PagedKeys) else kv
+            a = attend_blocked(
+                q, dense["k"], dense["v"], dense.get("ks"), dense.get("vs"), key_pos, key_ok, q_pos, valid_q,
                 window=window, block=attention_block,
             )  # fmt: skip
         else:
+            dense = kv.gather() if isinstance(kv, PagedKeys) else kv
             mask = visible_keys(key_pos, key_ok, q_pos, window)
-            a = attend(q, kv["k"], kv["v"], kv.get("ks"), kv.get("vs"), mask)
+            a = attend(q, dense["k"], dense["v"], dense.get("ks"), dense.get("vs"), mask)
         h = h + rms_norm(linear(a, lp["o"]), lp["post_attn_norm"], eps)
 
         x = rms_norm(h, lp["pre_ffw_norm"], eps)

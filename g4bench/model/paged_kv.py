@@ -12,8 +12,7 @@ id NB and is dropped by the scatter.
 The owner of a table guarantees that every position a real query can see is written and that no two
 rows write one block (shared blocks are full and read-only; see g4bench/engine/block_cache.py).
 
-Reads gather whole blocks by table (a gather in plain JAX: [B, nb, kvh, bs, hd] → [B, kvh, nb·bs,
-hd]) and return each key's logical position, so the caller's causal and window masks are exact
+Reads name whole blocks by table and return each key's logical position, so the caller's causal and window masks are exact
 whatever the padding, bucket or block boundaries (the reference engine's window-vs-padding bug
 cannot occur here either). Two read shapes:
 
@@ -23,9 +22,17 @@ cannot occur here either). Two read shapes:
   nb = (W + T − 2) // bs + 2 logical blocks from (start − W + 1) // bs, which cover every key
   within W of a query at start .. start + T − 1. When that is no fewer blocks than the full read the
   full read is used instead (short contexts).
+
+What comes back is a `PagedKeys`: the pools and the physical block of each logical block read,
+not yet gathered. `gather()` makes the [B, kvh, nb·bs(, d)] arrays the one-pass attention takes (a
+gather in plain JAX); key-blocked attention instead gathers one attention block's worth of pool
+blocks at a time (`PagedKeys.block`), so a step reads only the blocks its queries can see and never
+copies the whole bucket (g4bench/model/attention.py).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +52,32 @@ def _gather(pool: jax.Array, ids: jax.Array, dtype: jnp.dtype) -> jax.Array:
     return from_bits(g.reshape(g.shape[0], g.shape[1], g.shape[2] * g.shape[3], *g.shape[4:]), dtype)
 
 
+@dataclass(frozen=True)
+class PagedKeys:
+    """One layer's paged read before gathering: `pools` name → [NB, kvh, bs(, d)] as stored, `ids`
+    i32[B, nb] the physical block of each logical block read, `dtypes` what each pool holds."""
+
+    pools: dict[str, jax.Array]
+    ids: jax.Array
+    dtypes: dict[str, jnp.dtype]
+    block_size: int
+
+    @property
+    def num_keys(self) -> int:
+        return self.ids.shape[1] * self.block_size
+
+    def gather(self) -> dict[str, jax.Array]:
+        """Every key read: name → [B, kvh, nb·bs(, d)] of its dtype."""
+        return {name: _gather(pool, self.ids, self.dtypes[name]) for name, pool in self.pools.items()}
+
+    def block(self, name: str, first: jax.Array, size: int) -> jax.Array:
+        """Keys first .. first + size − 1 of the read (both multiples of block_size), as stored."""
+        bs = self.block_size
+        ids = jax.lax.dynamic_slice_in_dim(self.ids, first // bs, size // bs, axis=1)
+        g = jnp.moveaxis(self.pools[name][ids], 2, 1)  # [B, kvh, size/bs, bs(, d)]
+        return g.reshape(g.shape[0], g.shape[1], size, *g.shape[4:])
+
+
 def paged_update_and_read(
     entry: dict[str, jax.Array],
     new: dict[str, jax.Array],
@@ -57,9 +90,10 @@ def paged_update_and_read(
     kv_len: int,
     window: int | None,
     dtypes: dict[str, jnp.dtype],
-) -> tuple[dict[str, jax.Array], dict[str, jax.Array], jax.Array, jax.Array]:
+) -> tuple[dict[str, jax.Array], PagedKeys, jax.Array, jax.Array]:
     """Write new [B, kvh, T(, d)] at `positions` [B, T] (where `valid_q`) of one layer's pools, then
-    read keys/values(/scales) [B, kvh, K(, d)] with their logical positions [B, K] and validity.
+    read keys/values(/scales) (a `PagedKeys` of K = nb·bs keys) with their logical positions [B, K]
+    and validity.
     `dtypes` names what each stored array holds (kv_cache.entry_dtypes); reads come back in it."""
     bs = block_size
     NB = entry["k"].shape[0]
@@ -81,6 +115,6 @@ def paged_update_and_read(
         base = jnp.clip((start - window + 1) // bs, 0, MB - nb)
     idx = base[:, None] + jnp.arange(nb, dtype=jnp.int32)[None, :]  # [B, nb] logical blocks
     ids = jnp.take_along_axis(table, idx, axis=1)
-    kv = {name: _gather(arr, ids, dtypes[name]) for name, arr in written.items()}
+    kv = PagedKeys(pools=written, ids=ids, dtypes=dtypes, block_size=bs)
     key_pos = (idx[:, :, None] * bs + jnp.arange(bs, dtype=jnp.int32)[None, None, :]).reshape(B, nb * bs)
     return written, kv, key_pos, jnp.ones((B, nb * bs), bool)

@@ -224,11 +224,12 @@ def test_chunked_prefill_equals_one_shot(chunk, seq, ref, engine_full, engine_ri
         np.testing.assert_allclose(np.asarray(engine.last_logits), ref[29], atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("block", [None, 5])
+@pytest.mark.parametrize("block", [None, 5, 8])
 @pytest.mark.parametrize("sliding", ["full", "ring"])
 def test_attention_blocks_equal_one_pass(block, sliding, cfg, params, seq, ref, kv_layout):
-    """Attention over 5-key blocks (many blocks, trip counts that skip what no query sees; ragged
-    edges: tests/model/test_attention.py) and in one pass (the accelerator path) both give the
+    """Attention over 5- and 8-key blocks (many blocks, trip counts that skip what no query sees;
+    ragged edges: tests/model/test_attention.py; paged with 8: pool blocks gathered block by block,
+    with 5: the read gathered whole) and in one pass (the accelerator path) both give the
     reference logits: prefill chunked and one-shot, then decode steps with two slots at different
     positions; the CPU engine picks blocks by default."""
     engine = make_engine(cfg, params, sliding_kv=sliding, kv_layout=kv_layout)

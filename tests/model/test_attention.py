@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from g4bench.model.attention import attend, attend_blocked, visible_keys
+from g4bench.model.kv_cache import as_bits
+from g4bench.model.paged_kv import PagedKeys
 
 
 def _case(seed: int, *, B: int, T: int, K: int, nh: int, kvh: int, d: int, scaled: bool):
@@ -103,3 +105,42 @@ def test_bf16_keys_are_widened_block_by_block() -> None:
     np.testing.assert_allclose(np.asarray(run(q, kb, vb)), np.asarray(want), rtol=1e-5, atol=1e-5)
     hlo = run.lower(q, kb, vb).compile().as_text()
     assert f"f32[{B},{kvh},{K},{d}]" not in hlo
+
+
+@pytest.mark.parametrize("window", [None, 20])
+def test_paged_read_gathered_block_by_block_matches_dense(window: int | None) -> None:
+    """A paged read (pool blocks in a shuffled physical order, int8-style scales) attended block by
+    block from the pools equals the same keys gathered whole, and the program holds no gathered
+    copy of every key."""
+    B, T, nh, kvh, d, bs, nb = 2, 3, 4, 1, 8, 4, 24
+    K = nb * bs
+    q, keys, vals, ks, vs = _case(5, B=B, T=T, K=K, nh=nh, kvh=kvh, d=d, scaled=True)
+    rng = np.random.default_rng(2)
+    ids = jnp.asarray(rng.permutation(B * nb).reshape(B, nb) + 1, jnp.int32)  # block 0: the null block
+
+    def pool(x: jax.Array) -> jax.Array:  # [B, kvh, K(, d)] → [1 + B·nb, kvh, bs(, d)] at `ids`
+        blocks = jnp.moveaxis(x.reshape(B, kvh, nb, bs, *x.shape[3:]), 2, 1)
+        blocks = blocks.reshape(B * nb, kvh, bs, *x.shape[3:])
+        out = jnp.zeros((1 + B * nb, *blocks.shape[1:]), x.dtype)
+        return out.at[ids.reshape(-1)].set(blocks)
+
+    kb, vb = keys.astype(jnp.bfloat16), vals.astype(jnp.bfloat16)
+    dtypes = {"k": jnp.dtype(jnp.bfloat16), "v": jnp.dtype(jnp.bfloat16), "ks": ks.dtype, "vs": vs.dtype}
+    pools = {"k": as_bits(pool(kb)), "v": as_bits(pool(vb)), "ks": pool(ks), "vs": pool(vs)}
+    q_pos = jnp.asarray([[40, 41, 42], [K - 3, K - 2, K - 1]], jnp.int32)
+    key_pos = jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32)[None, :], (B, K))
+    key_ok = jnp.ones((B, K), bool)
+    q_valid = jnp.ones((B, T), bool)
+
+    def run(pools: dict[str, jax.Array]) -> jax.Array:
+        paged = PagedKeys(pools=pools, ids=ids, dtypes=dtypes, block_size=bs)
+        return attend_blocked(q, None, None, None, None, key_pos, key_ok, q_pos, q_valid,
+                              window=window, block=8, paged=paged)  # fmt: skip
+
+    want = attend(q, kb, vb, ks, vs, visible_keys(key_pos, key_ok, q_pos, window))
+    np.testing.assert_allclose(np.asarray(jax.jit(run)(pools)), np.asarray(want), rtol=2e-5, atol=2e-5)
+    hlo = jax.jit(run).lower(pools).compile().as_text()
+    assert f"[{B},{kvh},{K},{d}]" not in hlo and f"[{B * nb},{kvh},{bs},{d}]" not in hlo
+    with pytest.raises(ValueError, match="multiple of its block size"):
+        attend_blocked(q, None, None, None, None, key_pos, key_ok, q_pos, q_valid, window=window, block=6,
+                       paged=PagedKeys(pools=pools, ids=ids, dtypes=dtypes, block_size=bs))  # fmt: skip
