@@ -12,12 +12,12 @@ query can see. The engine uses it for prefill and decode on the CPU (g4bench/eng
 where one pass costs twice over: a prefill chunk's [T, K] scores outgrow the caches (the small
 model's full layer, 256 queries: one pass over a 3,072-key bucket 68 ms, 256-key blocks over the
 2,200 keys the chunk needs 25 ms), and XLA:CPU widens the whole bf16 read to an f32 copy before
-the products (the small model's decode step at batch 8 over a 3,072-key bucket: 124 ms one pass,
-93 ms in blocks, which slice the stored bits and widen one block at a time; 85–88 ms at 512 keys).
-A bucketed read is also up to 1.5× longer than the keys the queries attend to. A paged read
-(`paged=`, g4bench/model/paged_kv.py) is gathered from its pools one attention block at a time, so
-a paged step reads what a contiguous one reads (small, batch 8, 3,072-key bucket: 74 ms vs 112 ms
-gathering the whole bucket for one pass).
+the products. Blocks slice the stored bits and widen one block at a time, and a paged read
+(`paged=`, g4bench/model/paged_kv.py) is gathered from its pools one block at a time, so a step
+reads only what its queries can see: the small model's paged decode step at batch 8 takes 75.8 ms
+in blocks vs 111.6 ms in one pass over a 3,072-key bucket, 76.0 vs 74.6 ms at 512 keys
+(results/reference/session12/decode_probe.txt). A bucketed read is also up to 1.5× longer than
+the keys the queries attend to.
 """
 
 from __future__ import annotations
