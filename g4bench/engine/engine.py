@@ -11,9 +11,10 @@ jitted programs (JetStream's prefill / insert / generate split, folded into slot
 - decode: all slots, one token each, attending over the KV length bucket that covers the longest
   active sequence (a ring for sliding layers), sampling on the device so the host reads back one
   token id per slot;
-
-both attend block by block on the CPU, over only the keys their queries can see (`attention_block`);
 - copy_slot: one slot's KV into another (contiguous prefix sharing).
+
+Prefill and decode attend block by block on the CPU, over only the keys their queries can see
+(`attention_block`, g4bench/model/attention.py); one pass on accelerators.
 
 Constrained decoding and logprobs split the decode step in two (the fused one stays for batches that
 need neither, so they pay nothing): `decode_logits` (forward only: the cache advances and the f32

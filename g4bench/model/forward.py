@@ -308,21 +308,18 @@ def forward(
             kv, key_pos, key_ok = shared[ltype]
 
         window = None if ltype == FULL else cfg.sliding_window
-        if attention_block and isinstance(kv, PagedKeys) and attention_block % kv.block_size == 0:
-            a = attend_blocked(
-                q, None, None, None, None, key_pos, key_ok, q_pos, valid_q,
-                window=window, block=attention_block, paged=kv,
-            )  # fmt: skip
-        elif attention_block:
-            dense = kv.gather() if isinstance(kv, PagedKeys) else kv
-            a = attend_blocked(
-                q, dense["k"], dense["v"], dense.get("ks"), dense.get("vs"), key_pos, key_ok, q_pos, valid_q,
-                window=window, block=attention_block,
-            )  # fmt: skip
+        # a paged read goes to the blocked attention ungathered when its blocks tile the attention's
+        paged = (
+            kv if isinstance(kv, PagedKeys) and attention_block and attention_block % kv.block_size == 0 else None
+        )
+        dense = {} if paged is not None else kv.gather() if isinstance(kv, PagedKeys) else kv
+        keys, vals, kscale, vscale = (dense.get(name) for name in ("k", "v", "ks", "vs"))
+        if attention_block:
+            a = attend_blocked(q, keys, vals, kscale, vscale, key_pos, key_ok, q_pos, valid_q,
+                               window=window, block=attention_block, paged=paged)  # fmt: skip
         else:
-            dense = kv.gather() if isinstance(kv, PagedKeys) else kv
             mask = visible_keys(key_pos, key_ok, q_pos, window)
-            a = attend(q, dense["k"], dense["v"], dense.get("ks"), dense.get("vs"), mask)
+            a = attend(q, dense["k"], dense["v"], kscale, vscale, mask)
         h = h + rms_norm(linear(a, lp["o"]), lp["post_attn_norm"], eps)
 
         x = rms_norm(h, lp["pre_ffw_norm"], eps)

@@ -12,9 +12,9 @@ id NB and is dropped by the scatter.
 The owner of a table guarantees that every position a real query can see is written and that no two
 rows write one block (shared blocks are full and read-only; see g4bench/engine/block_cache.py).
 
-Reads name whole blocks by table and return each key's logical position, so the caller's causal and window masks are exact
-whatever the padding, bucket or block boundaries (the reference engine's window-vs-padding bug
-cannot occur here either). Two read shapes:
+Reads name whole blocks by table and return each key's logical position, so the caller's causal
+and window masks are exact whatever the padding, bucket or block boundaries (the reference
+engine's window-vs-padding bug cannot occur here either). Two read shapes:
 
 - full: the first ⌈kv_len / bs⌉ logical blocks (entries past the sequence name the null block,
   and every key past it falls behind the causal mask);
