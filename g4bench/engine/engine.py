@@ -233,40 +233,15 @@ class Engine:
         self.eos_token_ids = frozenset(cfg.eos_token_ids)
         self.last_logits: jax.Array | None = None  # most recent call's logits (decode: keep_logits only)
         donate = (1,) if self.ecfg.donate else ()
-        self._prefill = jax.jit(
-            partial(
-                _prefill_step,
-                cfg=cfg,
-                layout=self.layout,
-                cdt=self.compute_dtype,
-                attention_block=self.attention_block,
-            ),
-            static_argnames=("kv_len",),
-            donate_argnums=donate,
-        )
-        self._decode = jax.jit(
-            partial(
-                _decode_step,
-                cfg=cfg,
-                layout=self.layout,
-                cdt=self.compute_dtype,
-                keep_logits=self.ecfg.keep_logits,
-                attention_block=self.attention_block,
-            ),
-            static_argnames=("kv_len",),
-            donate_argnums=donate,
-        )
-        self._forward = jax.jit(
-            partial(
-                _decode_forward,
-                cfg=cfg,
-                layout=self.layout,
-                cdt=self.compute_dtype,
-                attention_block=self.attention_block,
-            ),
-            static_argnames=("kv_len",),
-            donate_argnums=donate,
-        )
+        bound = dict(cfg=cfg, layout=self.layout, cdt=self.compute_dtype, attention_block=self.attention_block)
+
+        def step_program(fn, **extra):
+            """`fn` jitted with this engine's static arguments; the KV bucket is the one left static."""
+            return jax.jit(partial(fn, **bound, **extra), static_argnames=("kv_len",), donate_argnums=donate)
+
+        self._prefill = step_program(_prefill_step)
+        self._decode = step_program(_decode_step, keep_logits=self.ecfg.keep_logits)
+        self._forward = step_program(_decode_forward)
         self._sample = jax.jit(partial(_masked_sample, eos_ids=tuple(cfg.eos_token_ids)))
         self._copy = jax.jit(_copy_row, donate_argnums=(0,) if self.ecfg.donate else ())
 

@@ -127,7 +127,7 @@ def attend_blocked(
 
         def take(name: str) -> jax.Array:
             if paged is not None:
-                return from_bits(paged.block(name, s0, block), dtypes[name])
+                return paged.block(name, s0, block)
             return from_bits(jax.lax.dynamic_slice_in_dim(stored[name], s0, block, axis=2), dtypes[name])
 
         scores = _scores(qg, take("k"), take("ks") if "ks" in has else None)

@@ -71,11 +71,10 @@ class PagedKeys:
         return {name: _gather(pool, self.ids, self.dtypes[name]) for name, pool in self.pools.items()}
 
     def block(self, name: str, first: jax.Array, size: int) -> jax.Array:
-        """Keys first .. first + size − 1 of the read (both multiples of block_size), as stored."""
+        """Keys first .. first + size − 1 of the read (both multiples of block_size): [B, kvh, size(, d)]."""
         bs = self.block_size
         ids = jax.lax.dynamic_slice_in_dim(self.ids, first // bs, size // bs, axis=1)
-        g = jnp.moveaxis(self.pools[name][ids], 2, 1)  # [B, kvh, size/bs, bs(, d)]
-        return g.reshape(g.shape[0], g.shape[1], size, *g.shape[4:])
+        return _gather(self.pools[name], ids, self.dtypes[name])
 
 
 def paged_update_and_read(
