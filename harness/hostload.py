@@ -1,4 +1,5 @@
-"""What else the host was doing while a sample was timed: other processes' CPU, steal, frequency.
+"""What else the host was doing while a sample was timed: other processes' CPU, steal, frequency,
+and the memory bandwidth left to us.
 
 Why: on a shared CPU (CI runners, a laptop, a busy GPU box's host) a timed step competes with
 whatever else runs. A benchmark that cannot see that blames the configuration for the host. Each
@@ -13,6 +14,15 @@ samples with no steal ran at 0.96× their configuration's median (5% of them ove
 ≥ 1% steal at 1.17–1.36× (43–53% over 1.3×) — while other_cores (steal included) stayed under 0.2.
 1% is one 10 ms tick in a 0.5 s window of two cores: the smallest steal the counter can show.
 
+Why memory bandwidth too: a decode step streams its weights and cache from memory, and on a shared
+VM the neighbours' memory traffic slows it without showing in any CPU counter. On the 2-core dev VM
+one process stepping E2B (batch 4, ctx 8192) drifted between 1,000 and 1,550 ms within a minute
+with other_cores and steal near zero, and a one-thread 1 GiB read timed between the steps followed it
+(r = 0.45–0.68; results/reference/session13). So each timing window also times `MemoryProbe`, a
+read of `PROBE_BYTES` held by the child, and the run summary says how far that bandwidth wandered
+and how much of the step-time spread it explains (harness/revalidate_records.py). It is reported,
+not subtracted: the verdicts use the step times as measured.
+
 Data flow (inside the measuring child)::
 
     meter = HostLoadMeter()             # remembers this process
@@ -20,6 +30,8 @@ Data flow (inside the measuring child)::
         other_cores = (Δ system busy CPU time − Δ this process's CPU time) / Δ wall
         steal_frac  = Δ steal / (Δ wall × cores)
         freq_mhz    = psutil.cpu_freq().current (None where the kernel does not say)
+    probe = MemoryProbe()               # allocates and touches PROBE_BYTES once
+    mem_gbs = probe.read_gbs()          # after a window's steps, outside their timing
 
 System busy time is user + nice + system + irq + softirq + steal summed over all cores
 (psutil.cpu_times); this process's time includes every thread (XLA's pool too). Both clocks tick at
@@ -33,11 +45,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import psutil
 
 CONTAMINATED_CORES = 0.2  # samples during which other processes used more than this are flagged
 CONTAMINATED_STEAL = 0.01  # ... or during which the hypervisor stole at least this share of the CPUs
 MIN_WINDOW_S = 0.5  # shortest window read (10 ms ticks on both clocks: ≤ ~0.06 cores of error)
+PROBE_BYTES = 256 * 2**20  # the bandwidth probe's buffer: far past any cache, ~25 ms at 10 GB/s
 _BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
 
 
@@ -101,3 +115,26 @@ class HostLoadMeter:
             steal_frac=max(0.0, steal) / (wall * self._cores) if wall > 0 else 0.0,
             freq_mhz=_freq(),
         )
+
+
+class MemoryProbe:
+    """A one-thread read bandwidth probe: times a sum over `nbytes` of float32 held for its life.
+
+    The buffer is allocated and read once at construction, so every `read_gbs` streams memory that
+    is already faulted in: it measures bandwidth, not page faults."""
+
+    def __init__(self, nbytes: int = PROBE_BYTES) -> None:
+        if nbytes < 4:
+            raise ValueError(f"the probe needs at least one float32, got {nbytes} bytes")
+        self._buf = np.ones(nbytes // 4, dtype=np.float32)
+        self._buf.sum()
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._buf.nbytes)
+
+    def read_gbs(self) -> float:
+        """GB/s (10⁹ bytes) of one read of the buffer."""
+        t0 = time.perf_counter()
+        self._buf.sum()
+        return self.nbytes / max(time.perf_counter() - t0, 1e-9) / 1e9

@@ -139,6 +139,9 @@ class RevalidateMeasurement(_DecodeStats):
     )
     host_other_cores_by_round: list[list[NonNeg]] | Omit = None
     host_steal_frac_by_round: list[list[NonNeg]] | Omit = None
+    host_mem_gbs_by_round: list[list[Pos]] | Omit = Field(
+        default=None, description="GB/s of the memory bandwidth probe read after each sample's window"
+    )
     minor_faults_by_round: list[list[NonNegInt]] | Omit = None
     contaminated_samples: NonNegInt | Omit = None
     cpus: list[int] | None = None
@@ -189,6 +192,15 @@ class RunSummary(Record):
     contaminated_threshold_steal: NonNeg | Omit = None
     host_quiet: bool
     median_ci95_half_width_pct: NonNeg | None
+    host_mem_gbs_median: Pos | Omit = None
+    host_mem_rel_iqr_pct: NonNeg | Omit = Field(
+        default=None, description="spread of the memory bandwidth probe over the run (relative IQR)"
+    )
+    step_mem_corr: Annotated[float, Field(ge=-1, le=1)] | Omit = Field(
+        default=None,
+        description="Pearson r of each sample's log step time and log inverse probe bandwidth, both "
+        "centred per configuration: how closely step times follow the host's memory bandwidth",
+    )
     verdict_counts: dict[str, NonNegInt]
     aa_comparisons: NonNegInt | Omit = None
     aa_false_positives: NonNegInt | Omit = None

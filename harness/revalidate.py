@@ -516,7 +516,9 @@ def _one_line(visit: Any, result: dict[str, Any], rounds: int) -> str:
     steal = result.get("host_steal_frac") or [0.0] * len(loads)
     n = sum(contaminated(o, s) for o, s in zip(loads, steal, strict=False))
     flag = f" [yellow](host busy in {n} of {len(loads)} samples)[/yellow]" if n else ""
-    return f"[green]✓[/green] {tag}: median {med:.3f} ms{flag}"
+    mem = result.get("host_mem_gbs")
+    bandwidth = f", memory {statistics.median(mem):.1f} GB/s" if mem else ""
+    return f"[green]✓[/green] {tag}: median {med:.3f} ms{bandwidth}{flag}"
 
 
 # -------------------------------------------------------------------------------------- entry point

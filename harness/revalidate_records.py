@@ -76,6 +76,7 @@ def measurement_record(
     loads = [[float(x) for x in r.get("host_other_cores") or [0.0] * len(t)] for r, t in zip(results, by_round, strict=True)]
     steal = [[float(x) for x in r.get("host_steal_frac") or [0.0] * len(t)] for r, t in zip(results, by_round, strict=True)]
     faults = [[int(x) for x in r.get("minor_faults") or []] for r in results]
+    mem = [[float(x) for x in r.get("host_mem_gbs") or []] for r in results]
     flat = [t for r in by_round for t in r]
     st = summarize(flat)
     lo, hi = median_ci(by_round, seed=settings.seed)
@@ -113,10 +114,42 @@ def measurement_record(
         host_other_cores_by_round=loads,
         host_steal_frac_by_round=steal,
         minor_faults_by_round=faults,
+        **({"host_mem_gbs_by_round": mem} if all(len(m) == len(t) for m, t in zip(mem, by_round, strict=True)) else {}),
         contaminated_samples=int(flagged),
         cpus=results[0].get("cpus"),
         **_cost_fields(point.case),
     )
+
+
+def memory_bandwidth_fields(measurements: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The run's memory bandwidth probe readings (harness/hostload.py): median GB/s, relative IQR,
+    and `step_mem_corr`, the correlation of log step time with log(1 / bandwidth), each centred per
+    configuration so that the configurations' own differences do not count. {} when no record
+    carries probe readings (older runs, or fewer than three samples)."""
+    import numpy as np
+
+    steps: list[np.ndarray] = []
+    slowness: list[np.ndarray] = []
+    for m in measurements:
+        mem = m.get("host_mem_gbs_by_round")
+        if not mem:
+            continue
+        t = np.log(np.concatenate([np.asarray(r, dtype=np.float64) for r in m["step_ms_by_round"]]))
+        g = np.concatenate([np.asarray(r, dtype=np.float64) for r in mem])
+        steps.append(t - t.mean())
+        slowness.append(-np.log(g))
+    if not steps or sum(x.size for x in steps) < 3:
+        return {}
+    gbs = np.exp(-np.concatenate(slowness))
+    q1, med, q3 = np.quantile(gbs, [0.25, 0.5, 0.75])
+    x = np.concatenate(steps)
+    y = np.concatenate([s - s.mean() for s in slowness])
+    corr = float(np.corrcoef(x, y)[0, 1]) if x.std() > 0 and y.std() > 0 else 0.0
+    return {
+        "host_mem_gbs_median": float(med),
+        "host_mem_rel_iqr_pct": float(100.0 * (q3 - q1) / med),
+        "step_mem_corr": corr,
+    }
 
 
 def summary_record(
@@ -145,6 +178,7 @@ def summary_record(
         "contaminated_threshold_steal": CONTAMINATED_STEAL,
         "host_quiet": n > 0 and flagged / n <= 0.05,
         "median_ci95_half_width_pct": statistics.median(m["step_ci95_half_width_pct"] for m in ok) if ok else None,
+        **memory_bandwidth_fields(ok),
         "verdict_counts": {w: sum(r["verdict"] == w for r in ratios) for w in sorted({r["verdict"] for r in ratios})},
     }  # fmt: skip
     aa = [r for r in ratios if r["effect"] == "aa"]

@@ -8,9 +8,10 @@ Data flow (one child = one visit: one configuration, or a group of configuration
         state = bench.fresh_inputs()               for each, allocated once, outside the timing
         warmup × state = bench.advance(state)      untimed: the buffers are touched and warm
         samples × [each bench in a fresh random order: t0; state = bench.advance(state); t1]
-        host load read over windows of ≥ MIN_WINDOW_S spanning whole passes (harness/hostload.py)
+        host load read over windows of ≥ MIN_WINDOW_S spanning whole passes (harness/hostload.py),
+        and the memory bandwidth probed once after each window, outside the timed steps
     → per bench {"step_ms_samples", "minor_faults", "host_other_cores", "host_steal_frac",
-       "host_freq_mhz", "compile_s", "memory_pages": {"rss_bytes", "anon_huge_bytes"}, ...}
+       "host_freq_mhz", "host_mem_gbs", "compile_s", "memory_pages": {"rss_bytes", "anon_huge_bytes"}, ...}
 
 Only the step sits between the two `perf_counter` calls. The state carries the cache from step to
 step (a donated step updates it in place, a copying one writes a new cache), so no sample pays for
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.hostload import MIN_WINDOW_S, HostLoadMeter
+from harness.hostload import MIN_WINDOW_S, HostLoadMeter, MemoryProbe
 
 
 def pin_threads(cpus: Sequence[int] | None) -> list[int]:
@@ -64,12 +65,17 @@ def _one_step(bench: Any, state: Any) -> tuple[Any, float, int]:
 def time_steps(bench: Any, samples: int, warmup: int) -> dict[str, list[Any]]:
     """`samples` timed steps after `warmup` untimed ones, with the host's other load per sample.
 
-    Returns lists of equal length: ``step_ms``, ``faults``, ``other_cores``, ``steal_frac``, ``freq_mhz``."""
+    Returns lists of equal length: ``step_ms``, ``faults``, ``other_cores``, ``steal_frac``, ``freq_mhz``,
+    ``mem_gbs``."""
     return time_interleaved([bench], samples, warmup)[0]
 
 
 def time_interleaved(
-    benches: Sequence[Any], samples: int, warmup: int, rng: np.random.Generator | None = None
+    benches: Sequence[Any],
+    samples: int,
+    warmup: int,
+    rng: np.random.Generator | None = None,
+    probe: MemoryProbe | None = None,
 ) -> list[dict[str, list[Any]]]:
     """`time_steps` for several benches in one process, their samples interleaved: `warmup` untimed
     steps of each (in list order), then `samples` passes, each stepping every bench once in a fresh
@@ -77,12 +83,15 @@ def time_interleaved(
     burst, a neighbour) then lands on every bench alike instead of on whichever ran at that moment.
 
     Host load is read over windows of whole steps lasting at least MIN_WINDOW_S; every step of a
-    window gets its reading. Returns one `time_steps` dict per bench, in list order."""
+    window gets its reading, and the memory bandwidth `probe` (a fresh MemoryProbe when None) reads
+    once right after the window closes, outside the timed steps. Returns one `time_steps` dict per
+    bench, in list order."""
     states = [b.fresh_inputs() if hasattr(b, "advance") else None for b in benches]
     for i, bench in enumerate(benches):
         for _ in range(warmup):
             states[i], _, _ = _one_step(bench, states[i])
-    keys = ("step_ms", "faults", "other_cores", "steal_frac", "freq_mhz")
+    probe = probe if probe is not None else MemoryProbe()
+    keys = ("step_ms", "faults", "other_cores", "steal_frac", "freq_mhz", "mem_gbs")
     out: list[dict[str, list[Any]]] = [{k: [] for k in keys} for _ in benches]
     meter = HostLoadMeter()
     window: list[tuple[int, float]] = []  # (bench index, ms) of the steps in the open window
@@ -97,11 +106,13 @@ def time_interleaved(
         last = s == samples - 1
         if last or perf_counter() - window_start >= MIN_WINDOW_S:
             load = meter.stop()
+            mem_gbs = probe.read_gbs()
             for j, ms in window:
                 out[j]["step_ms"].append(ms)
                 out[j]["other_cores"].append(load.other_cores)
                 out[j]["steal_frac"].append(load.steal_frac)
                 out[j]["freq_mhz"].append(load.freq_mhz)
+                out[j]["mem_gbs"].append(mem_gbs)
             window = []
             window_start = perf_counter()
             if not last:
@@ -146,6 +157,7 @@ def measure_benches(
             "host_other_cores": t["other_cores"],
             "host_steal_frac": t["steal_frac"],
             "host_freq_mhz": t["freq_mhz"],
+            "host_mem_gbs": t["mem_gbs"],
             "compile_s": c,
             "weights_bytes": int(b.weights_bytes),
             "kv_bytes": int(b.kv_bytes),

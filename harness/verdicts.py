@@ -153,6 +153,7 @@ _EFFECT_TITLES = {
     "paged": "paged vs contiguous KV: contiguous ÷ paged step time",
     "aa": "A/A: identical configurations (any faster/slower is a false positive)",
 }
+MEMORY_BOUND_CORR = 0.3  # from here the summary says the bandwidth drift moved the step times
 _STYLE = {"faster": "bold green", "slower": "bold red", "equivalent": "cyan", "inconclusive": "yellow"}
 
 
@@ -211,6 +212,17 @@ def render_host(summary: dict[str, Any], console: Any) -> None:
     hw = summary.get("median_ci95_half_width_pct")
     if hw is not None:
         console.print(f"median 95% CI half-width of a configuration's median: ±{hw:.2f}%")
+    if "host_mem_gbs_median" in summary:
+        r = summary["step_mem_corr"]
+        console.print(
+            f"memory bandwidth probe: median {summary['host_mem_gbs_median']:.1f} GB/s, IQR "
+            f"{summary['host_mem_rel_iqr_pct']:.1f}% of it; step times follow it with r = {r:.2f}"
+            + (
+                " (the neighbours' memory traffic, which no CPU counter shows, moves the step times)"
+                if r >= MEMORY_BOUND_CORR
+                else ""
+            )
+        )
     if "aa_comparisons" in summary:
         console.print(
             f"A/A: {summary['aa_false_positives']} of {summary['aa_comparisons']} comparisons called "

@@ -208,6 +208,62 @@ def test_warm_buffers_allocate_once_and_carry_the_state():
     assert len(timed["step_ms"]) == 6
 
 
+class CountingProbe:
+    """A MemoryProbe stand-in: reads 10, 11, 12, ... GB/s and counts its reads."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def read_gbs(self) -> float:
+        self.reads += 1
+        return 9.0 + self.reads
+
+
+def test_memory_probe_reads_once_per_window_outside_the_steps(monkeypatch):
+    import harness.timing
+    from harness.timing import time_interleaved
+
+    clock = FakeClock()
+    monkeypatch.setattr(harness.timing, "perf_counter", clock)
+    bench = FakeBench(step_ms=200.0, clock=clock, jitter=0.0)  # windows of 0.5 s close every 3 steps
+    probe = CountingProbe()
+    (timed,) = time_interleaved([bench], samples=7, warmup=1, probe=probe)
+    assert timed["step_ms"] == pytest.approx([200.0] * 7)  # the reads are not in any step's time
+    assert probe.reads == 3  # windows of steps 1–3, 4–6 and the last one
+    assert timed["mem_gbs"] == [10.0] * 3 + [11.0] * 3 + [12.0]
+
+
+def test_real_memory_probe_reads_a_bandwidth():
+    from harness.hostload import MemoryProbe
+
+    probe = MemoryProbe(8 * 2**20)
+    assert probe.nbytes == 8 * 2**20
+    assert 0.05 < probe.read_gbs() < 10_000  # a plausible GB/s on any machine, however loaded
+    with pytest.raises(ValueError, match="at least one float32"):
+        MemoryProbe(2)
+
+
+def test_summary_says_how_closely_steps_follow_the_memory_bandwidth():
+    """Steps slowed exactly where the probe read less bandwidth correlate (r ≈ 1); the same steps
+    against an unrelated probe do not; the configurations' own levels never count."""
+    from harness.revalidate_records import memory_bandwidth_fields
+
+    rng = np.random.default_rng(0)
+    gbs = rng.uniform(8.0, 12.0, size=(3, 6))
+    follows = [
+        {"step_ms_by_round": (level * 10.0 / gbs).tolist(), "host_mem_gbs_by_round": gbs.tolist()}
+        for level in (100.0, 300.0)  # two configurations far apart
+    ]
+    fields = memory_bandwidth_fields(follows)
+    assert fields["step_mem_corr"] == pytest.approx(1.0)
+    assert fields["host_mem_gbs_median"] == pytest.approx(float(np.median(gbs)))
+    q1, q3 = np.quantile(np.tile(gbs.ravel(), 2), [0.25, 0.75])  # every configuration's readings
+    assert fields["host_mem_rel_iqr_pct"] == pytest.approx(100 * (q3 - q1) / np.median(gbs))
+    unrelated = [{**m, "host_mem_gbs_by_round": rng.uniform(8.0, 12.0, size=(3, 6)).tolist()} for m in follows]
+    assert abs(memory_bandwidth_fields(unrelated)["step_mem_corr"]) < 0.5
+    assert memory_bandwidth_fields([{"step_ms_by_round": [[1.0, 2.0]]}]) == {}  # no probe readings
+
+
 def test_cpu_defaults_are_printed_with_reason():
     settings, note = resolve_settings(
         "cpu", model="e2b", batches=None, ctxs=None, rounds=None, samples=None, warmup=None
@@ -303,6 +359,8 @@ def test_sweep_writes_run_folder_and_verdicts(fake_env):
     assert don["ratio"] == pytest.approx(2.0, rel=0.3) and don["ci95_lo"] > 1.0
     (summary,) = [r for r in records if r["kind"] == "summary"]
     assert summary["samples_total"] == 40 and summary["contaminated_samples"] == 0
+    assert [len(r) for r in donated["host_mem_gbs_by_round"]] == [5, 5]  # the real probe, per sample
+    assert summary["host_mem_gbs_median"] > 0 and -1 <= summary["step_mem_corr"] <= 1
     # every round visited all four points; logged as it happened
     visits = [json.loads(line) for line in (out / "visits.jsonl").read_text().splitlines()]
     assert sorted((v["round"], v["name"]) for v in visits) == sorted((r, m["name"]) for r in (0, 1) for m in meas)
@@ -316,6 +374,7 @@ def test_sweep_writes_run_folder_and_verdicts(fake_env):
     assert {r["visit_group"] for r in meas} == {"tiny-a/f32/ple-bf16/b8/ctx512"}
     assert all(r["same_process"] for r in ratios.values())
     assert "donation" in res.output and "faster" in res.output and "host quiet" in res.output
+    assert "memory bandwidth probe" in res.output
     assert str(out) in res.output.replace("\n", "")
     tables = [line for line in res.output.splitlines() if str(fake_env) not in line]
     assert max(len(line) for line in tables) <= 80  # fits a log (only file paths may run longer)
