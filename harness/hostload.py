@@ -16,12 +16,15 @@ samples with no steal ran at 0.96× their configuration's median (5% of them ove
 
 Why memory bandwidth too: a decode step streams its weights and cache from memory, and on a shared
 VM the neighbours' memory traffic slows it without showing in any CPU counter. On the 2-core dev VM
-one process stepping E2B (batch 4, ctx 8192) drifted between 1,000 and 1,550 ms within a minute
+one process stepping E2B (batch 4, ctx 8192) drifted between 1,000 and 1,600 ms within a minute
 with other_cores and steal near zero, and a one-thread 1 GiB read timed between the steps followed it
-(r = 0.45–0.68; results/reference/session13). So each timing window also times `MemoryProbe`, a
+(r = 0.45–0.68; results/reference/session13/drift_probe.txt). So each timing window also times `MemoryProbe`, a
 read of `PROBE_BYTES` held by the child, and the run summary says how far that bandwidth wandered
 and how much of the step-time spread it explains (harness/revalidate_records.py). It is reported,
-not subtracted: the verdicts use the step times as measured.
+not subtracted: the verdicts use the step times as measured. A host counts as quiet only when the
+probe's readings also stayed within `STEADY_BANDWIDTH_IQR_PCT` (relative IQR over the run): the
+session-13 `revalidate --all` flagged 6 of 180 samples by CPU time alone while the probe wandered
+14.9% and the configurations' medians carried ±10% CIs.
 
 Data flow (inside the measuring child)::
 
@@ -51,6 +54,7 @@ import psutil
 CONTAMINATED_CORES = 0.2  # samples during which other processes used more than this are flagged
 CONTAMINATED_STEAL = 0.01  # ... or during which the hypervisor stole at least this share of the CPUs
 MIN_WINDOW_S = 0.5  # shortest window read (10 ms ticks on both clocks: ≤ ~0.06 cores of error)
+STEADY_BANDWIDTH_IQR_PCT = 5.0  # a quiet host's probe readings spread less than this (relative IQR)
 PROBE_BYTES = 256 * 2**20  # the bandwidth probe's buffer: far past any cache, ~25 ms at 10 GB/s
 _BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
 

@@ -190,7 +190,8 @@ class RunSummary(Record):
     contaminated_samples: NonNegInt
     contaminated_threshold_cores: NonNeg
     contaminated_threshold_steal: NonNeg | Omit = None
-    host_quiet: bool
+    host_quiet: bool = Field(description="CPU-quiet and, where the probe read, a steady memory bandwidth")
+    host_cpu_quiet: bool | Omit = Field(default=None, description="≤ 5% of samples flagged busy by CPU time")
     median_ci95_half_width_pct: NonNeg | None
     host_mem_gbs_median: Pos | Omit = None
     host_mem_rel_iqr_pct: NonNeg | Omit = Field(
@@ -201,6 +202,8 @@ class RunSummary(Record):
         description="Pearson r of each sample's log step time and log inverse probe bandwidth, both "
         "centred per configuration: how closely step times follow the host's memory bandwidth",
     )
+    host_mem_steady: bool | Omit = None
+    host_mem_steady_threshold_pct: NonNeg | Omit = None
     verdict_counts: dict[str, NonNegInt]
     aa_comparisons: NonNegInt | Omit = None
     aa_false_positives: NonNegInt | Omit = None

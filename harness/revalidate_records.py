@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from harness.hostload import CONTAMINATED_CORES, CONTAMINATED_STEAL, contaminated
+from harness.hostload import CONTAMINATED_CORES, CONTAMINATED_STEAL, STEADY_BANDWIDTH_IQR_PCT, contaminated
 
 MIN_CLEAN_PER_ROUND = 2  # verdicts drop contaminated samples only if every round keeps this many
 
@@ -160,7 +160,8 @@ def summary_record(
     run_id: str,
     base_env: dict[str, Any],
 ) -> dict[str, Any]:
-    """Run-level facts: was the host quiet, how wide are the CIs, and (A/A runs) the observed
+    """Run-level facts: was the host quiet (few samples flagged busy by CPU time, and the memory
+    bandwidth probe steady where it read), how wide are the CIs, and (A/A runs) the observed
     false-positive rate of each rule."""
     import statistics
 
@@ -171,14 +172,19 @@ def summary_record(
     n = sum(m["n_samples"] for m in ok)
     flagged = sum(m["contaminated_samples"] for m in ok)
     config = {"rounds": settings.rounds, "samples": settings.samples, "floor": settings.floor, "aa": settings.aa}
+    bandwidth = memory_bandwidth_fields(ok)
+    if bandwidth:
+        bandwidth["host_mem_steady"] = bandwidth["host_mem_rel_iqr_pct"] <= STEADY_BANDWIDTH_IQR_PCT
+        bandwidth["host_mem_steady_threshold_pct"] = STEADY_BANDWIDTH_IQR_PCT
     fields: dict[str, Any] = {
         "samples_total": n,
         "contaminated_samples": flagged,
         "contaminated_threshold_cores": CONTAMINATED_CORES,
         "contaminated_threshold_steal": CONTAMINATED_STEAL,
-        "host_quiet": n > 0 and flagged / n <= 0.05,
+        "host_cpu_quiet": n > 0 and flagged / n <= 0.05,
+        "host_quiet": n > 0 and flagged / n <= 0.05 and bandwidth.get("host_mem_steady", True),
         "median_ci95_half_width_pct": statistics.median(m["step_ci95_half_width_pct"] for m in ok) if ok else None,
-        **memory_bandwidth_fields(ok),
+        **bandwidth,
         "verdict_counts": {w: sum(r["verdict"] == w for r in ratios) for w in sorted({r["verdict"] for r in ratios})},
     }  # fmt: skip
     aa = [r for r in ratios if r["effect"] == "aa"]

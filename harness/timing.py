@@ -144,11 +144,15 @@ def measure_bench(bench: Any, samples: int, warmup: int) -> dict[str, Any]:
 
 
 def measure_benches(
-    benches: Sequence[Any], samples: int, warmup: int, rng: np.random.Generator | None = None
+    benches: Sequence[Any],
+    samples: int,
+    warmup: int,
+    rng: np.random.Generator | None = None,
+    probe: MemoryProbe | None = None,
 ) -> list[dict[str, Any]]:
     """Compile every bench (each timed apart), then `time_interleaved`; one result per bench."""
     compile_s = [float(b.compile()) for b in benches]
-    timed = time_interleaved(benches, samples, warmup, rng)
+    timed = time_interleaved(benches, samples, warmup, rng, probe)
     pages = memory_pages()  # the process's, shared by every bench it measured
     return [
         {

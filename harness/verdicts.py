@@ -204,6 +204,12 @@ def render_host(summary: dict[str, Any], console: Any) -> None:
     )
     if summary.get("host_quiet"):
         console.print(f"host quiet: {bad} of {n} samples taken while {busy}")
+    elif summary.get("host_cpu_quiet", False):
+        console.print(
+            f"[yellow]host NOT quiet: only {bad} of {n} samples taken while {busy}, but the memory "
+            f"bandwidth wandered {summary['host_mem_rel_iqr_pct']:.1f}% (IQR; steady is ≤ "
+            f"{summary['host_mem_steady_threshold_pct']:g}%)[/yellow]"
+        )
     else:
         console.print(
             f"[yellow]host NOT quiet: {bad} of {n} samples taken while {busy} "
