@@ -18,9 +18,9 @@ Why memory bandwidth too: a decode step streams its weights and cache from memor
 VM the neighbours' memory traffic slows it without showing in any CPU counter. On the 2-core dev VM
 one process stepping E2B (batch 4, ctx 8192) drifted between 1,000 and 1,600 ms within a minute
 with other_cores and steal near zero, and a one-thread 1 GiB read timed between the steps followed it
-(r = 0.45–0.68; results/reference/session13/drift_probe.txt). So each timing window also times `MemoryProbe`, a
-read of `PROBE_BYTES` held by the child, and the run summary says how far that bandwidth wandered
-and how much of the step-time spread it explains (harness/revalidate_records.py). It is reported,
+(r = 0.45–0.68; results/reference/session13/drift_probe.txt). So on the CPU each timing window
+also times `MemoryProbe`, a read of `PROBE_BYTES` held by the child (harness/timing.py), and the
+run summary says how far that bandwidth wandered and how much of the step-time spread it explains (harness/revalidate_records.py). It is reported,
 not subtracted: the verdicts use the step times as measured. A host counts as quiet only when the
 probe's readings also stayed within `STEADY_BANDWIDTH_IQR_PCT` (relative IQR over the run): the
 session-13 `revalidate --all` flagged 6 of 180 samples by CPU time alone while the probe wandered

@@ -9,7 +9,7 @@ Data flow (one child = one visit: one configuration, or a group of configuration
         warmup × state = bench.advance(state)      untimed: the buffers are touched and warm
         samples × [each bench in a fresh random order: t0; state = bench.advance(state); t1]
         host load read over windows of ≥ MIN_WINDOW_S spanning whole passes (harness/hostload.py),
-        and the memory bandwidth probed once after each window, outside the timed steps
+        and, on the CPU, the memory bandwidth probed once after each window, outside the timed steps
     → per bench {"step_ms_samples", "minor_faults", "host_other_cores", "host_steal_frac",
        "host_freq_mhz", "host_mem_gbs", "compile_s", "memory_pages": {"rss_bytes", "anon_huge_bytes"}, ...}
 
@@ -66,7 +66,7 @@ def time_steps(bench: Any, samples: int, warmup: int) -> dict[str, list[Any]]:
     """`samples` timed steps after `warmup` untimed ones, with the host's other load per sample.
 
     Returns lists of equal length: ``step_ms``, ``faults``, ``other_cores``, ``steal_frac``, ``freq_mhz``,
-    ``mem_gbs``."""
+    and ``mem_gbs`` (empty: no probe)."""
     return time_interleaved([bench], samples, warmup)[0]
 
 
@@ -83,14 +83,13 @@ def time_interleaved(
     burst, a neighbour) then lands on every bench alike instead of on whichever ran at that moment.
 
     Host load is read over windows of whole steps lasting at least MIN_WINDOW_S; every step of a
-    window gets its reading, and the memory bandwidth `probe` (a fresh MemoryProbe when None) reads
+    window gets its reading, and the memory bandwidth `probe` (none when None) reads
     once right after the window closes, outside the timed steps. Returns one `time_steps` dict per
     bench, in list order."""
     states = [b.fresh_inputs() if hasattr(b, "advance") else None for b in benches]
     for i, bench in enumerate(benches):
         for _ in range(warmup):
             states[i], _, _ = _one_step(bench, states[i])
-    probe = probe if probe is not None else MemoryProbe()
     keys = ("step_ms", "faults", "other_cores", "steal_frac", "freq_mhz", "mem_gbs")
     out: list[dict[str, list[Any]]] = [{k: [] for k in keys} for _ in benches]
     meter = HostLoadMeter()
@@ -106,13 +105,14 @@ def time_interleaved(
         last = s == samples - 1
         if last or perf_counter() - window_start >= MIN_WINDOW_S:
             load = meter.stop()
-            mem_gbs = probe.read_gbs()
+            mem_gbs = probe.read_gbs() if probe is not None else None
             for j, ms in window:
                 out[j]["step_ms"].append(ms)
                 out[j]["other_cores"].append(load.other_cores)
                 out[j]["steal_frac"].append(load.steal_frac)
                 out[j]["freq_mhz"].append(load.freq_mhz)
-                out[j]["mem_gbs"].append(mem_gbs)
+                if mem_gbs is not None:
+                    out[j]["mem_gbs"].append(mem_gbs)
             window = []
             window_start = perf_counter()
             if not last:
@@ -138,6 +138,12 @@ def memory_pages() -> dict[str, int] | None:
     return {"rss_bytes": kib["Rss"] * 1024, "anon_huge_bytes": kib.get("AnonHugePages", 0) * 1024}
 
 
+def _steps_on_cpu() -> bool:
+    import jax
+
+    return jax.default_backend() == "cpu"
+
+
 def measure_bench(bench: Any, samples: int, warmup: int) -> dict[str, Any]:
     """Compile `bench` (timed apart), then `time_steps`; the child's result fields."""
     return measure_benches([bench], samples, warmup)[0]
@@ -150,7 +156,13 @@ def measure_benches(
     rng: np.random.Generator | None = None,
     probe: MemoryProbe | None = None,
 ) -> list[dict[str, Any]]:
-    """Compile every bench (each timed apart), then `time_interleaved`; one result per bench."""
+    """Compile every bench (each timed apart), then `time_interleaved`; one result per bench.
+
+    `probe`: the memory bandwidth probe; None reads a fresh MemoryProbe where the steps run on the
+    host's CPU (JAX's default backend), and none on an accelerator, whose steps do not stream host
+    memory."""
+    if probe is None and _steps_on_cpu():
+        probe = MemoryProbe()
     compile_s = [float(b.compile()) for b in benches]
     timed = time_interleaved(benches, samples, warmup, rng, probe)
     pages = memory_pages()  # the process's, shared by every bench it measured
@@ -161,7 +173,7 @@ def measure_benches(
             "host_other_cores": t["other_cores"],
             "host_steal_frac": t["steal_frac"],
             "host_freq_mhz": t["freq_mhz"],
-            "host_mem_gbs": t["mem_gbs"],
+            **({"host_mem_gbs": t["mem_gbs"]} if t["mem_gbs"] else {}),
             "compile_s": c,
             "weights_bytes": int(b.weights_bytes),
             "kv_bytes": int(b.kv_bytes),
