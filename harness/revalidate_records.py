@@ -172,6 +172,7 @@ def summary_record(
     n = sum(m["n_samples"] for m in ok)
     flagged = sum(m["contaminated_samples"] for m in ok)
     config = {"rounds": settings.rounds, "samples": settings.samples, "floor": settings.floor, "aa": settings.aa}
+    cpu_quiet = n > 0 and flagged / n <= 0.05
     bandwidth = memory_bandwidth_fields(ok)
     if bandwidth:
         bandwidth["host_mem_steady"] = bandwidth["host_mem_rel_iqr_pct"] <= STEADY_BANDWIDTH_IQR_PCT
@@ -181,8 +182,8 @@ def summary_record(
         "contaminated_samples": flagged,
         "contaminated_threshold_cores": CONTAMINATED_CORES,
         "contaminated_threshold_steal": CONTAMINATED_STEAL,
-        "host_cpu_quiet": n > 0 and flagged / n <= 0.05,
-        "host_quiet": n > 0 and flagged / n <= 0.05 and bandwidth.get("host_mem_steady", True),
+        "host_cpu_quiet": cpu_quiet,
+        "host_quiet": cpu_quiet and bandwidth.get("host_mem_steady", True),
         "median_ci95_half_width_pct": statistics.median(m["step_ci95_half_width_pct"] for m in ok) if ok else None,
         **bandwidth,
         "verdict_counts": {w: sum(r["verdict"] == w for r in ratios) for w in sorted({r["verdict"] for r in ratios})},
