@@ -20,8 +20,9 @@ one process stepping E2B (batch 4, ctx 8192) drifted between 1,000 and 1,600 ms 
 with other_cores and steal near zero, and a one-thread 1 GiB read timed between the steps followed it
 (r = 0.45–0.68; results/reference/session13/drift_probe.txt). So on the CPU each timing window
 also times `MemoryProbe`, a read of `PROBE_BYTES` held by the child (harness/timing.py), and the
-run summary says how far that bandwidth wandered and how much of the step-time spread it explains (harness/revalidate_records.py). It is reported,
-not subtracted: the verdicts use the step times as measured. A host counts as quiet only when the
+run summary says how far that bandwidth wandered and how much of the step-time spread it explains
+(harness/revalidate_records.py). It is reported, not subtracted: the verdicts use the step times as
+measured. A host counts as quiet only when the
 probe's readings also stayed within `STEADY_BANDWIDTH_IQR_PCT` (relative IQR over the run): the
 session-13 `revalidate --all` flagged 6 of 180 samples by CPU time alone while the probe wandered
 14.9% and the configurations' medians carried ±10% CIs.
