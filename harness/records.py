@@ -148,13 +148,21 @@ class RevalidateMeasurement(_DecodeStats):
     visit_group: str | Omit = Field(
         default=None, description="the visit group it was measured in: every member shares one process per round"
     )
+    ci_method: Literal["pooled", "bootstrap"] | Omit = Field(
+        default=None,
+        description="pooled: the run's visit-to-visit noise pooled over its configurations "
+        "(harness/visit_noise.py); bootstrap: hierarchical bootstrap over this point's rounds and samples",
+    )
 
 
 class Ratio(Record):
     """A within-run comparison of two configurations (harness/verdicts.py).
 
     ratio = median(numerator) / median(denominator) step time, so ratio > 1 means the denominator
-    configuration is faster; ci95_lo/hi from a paired hierarchical bootstrap over rounds and samples;
+    configuration is faster; with ``ci_method: "pooled"`` the ratio is the geometric mean over rounds of
+    the per-round ratio of visit medians and ci95_lo/hi the block-design interval from the run's
+    pooled visit noise (harness/visit_noise.py); with "bootstrap" the ratio of pooled medians and a
+    paired hierarchical bootstrap over rounds and samples;
     verdict faster | slower | equivalent | inconclusive (runs made before interleaved rounds carry the
     2×IQR rule's real | within noise); rule_2iqr = that rule; noise_pct = the larger relative IQR."""
 
@@ -180,6 +188,7 @@ class Ratio(Record):
     same_process: bool | Omit = Field(
         default=None, description="both sides measured in one process per round, their samples interleaved"
     )
+    ci_method: Literal["pooled", "bootstrap"] | Omit = None
 
 
 class RunSummary(Record):
@@ -204,6 +213,27 @@ class RunSummary(Record):
     )
     host_mem_steady: bool | Omit = None
     host_mem_steady_threshold_pct: NonNeg | Omit = None
+    visit_noise_pct: NonNeg | Omit = Field(
+        default=None,
+        description="sd (%) of a visit's log median step time after configuration and round effects, pooled "
+        "over the run's configurations measured in their own processes (harness/visit_noise.py)",
+    )
+    visit_noise_df: PosInt | Omit = None
+    detectable_effect_pct: NonNeg | Omit = Field(
+        default=None, description="the smallest speedup (%) this run calls faster with 80% probability at its noise"
+    )
+    target_effect_pct: NonNeg | Omit = None
+    rounds_for_target_effect: PosInt | None = Field(
+        default=None, description="rounds (in all) a target_effect_pct speedup would need for 80% power"
+    )
+    target_median_half_width_pct: NonNeg | Omit = None
+    rounds_for_target_median: PosInt | None = Field(
+        default=None, description="rounds (in all) for a configuration median's 95% CI of ± that half-width"
+    )
+    round_wall_s: NonNeg | Omit = Field(default=None, description="wall time of one round, on average")
+    rounds_done: PosInt | Omit = Field(
+        default=None, description="rounds measured (a time budget may take more than the minimum `rounds`)"
+    )
     verdict_counts: dict[str, NonNegInt]
     aa_comparisons: NonNegInt | Omit = None
     aa_false_positives: NonNegInt | Omit = None

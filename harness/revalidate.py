@@ -4,7 +4,9 @@ Why: the reference engine published speedups it later retracted; they held up on
 configuration ran in its own process (seed-engine-notes §3.2, §4.5). Its noise rule (2 × the larger
 relative IQR) needs a quiet TPU; on a shared CPU it calls a true 1.4× effect noise. Here every
 configuration is visited once per round, rounds in fresh random orders (harness/rounds.py), and
-each comparison gets a bootstrap CI and a word (harness/compare.py).
+each comparison gets a CI from the visit-to-visit noise pooled over the run's configurations
+(harness/visit_noise.py) and a word (harness/compare.py). On the CPU, rounds are added after the
+minimum while another fits in the time budget: a verdict's power rests on its number of visits.
 
 Visits (`--visit`). ``separate`` (the default): one fresh process per configuration per round, the
 reference's rule. ``shared-weights`` (opt-in): configurations with the same weights and shape —
@@ -25,12 +27,14 @@ Data flow::
     × --batch list × --ctx list ──sweep_points──▶ [Point]      (--aa N: N pairs of one point)
     probe_device() (a child) ──resolve_settings──▶ SweepSettings (defaults printed with the reason)
     visit_groups(points) ──plan_visits(groups, rounds)──run_visits──▶ one child per visit, each
-        point's result logged to visits.jsonl at once
+        point's result logged to visits.jsonl at once; with a time budget, round_visits adds a
+        round while another of the average length fits
         child (harness/revalidate_visits.py): revalidate_child → pin_threads → a DecodeBench per
                point (weights shared) → measure_benches (harness/timing.py): warm buffers,
                `samples` timed steps per point interleaved, host load per sample
-    after each round: measurement records (pooled stats, hierarchical CI of the median, bytes and
-        FLOPs by part from costs.py) + ratio records (harness/verdicts.py) → results.jsonl, summary.csv
+    after each round: run_noise (the visit-to-visit noise pooled over the points, harness/visit_noise.py)
+        → measurement records (pooled stats, the median's CI, bytes and FLOPs by part from costs.py)
+        + ratio records (harness/verdicts.py) + the summary (host, power) → results.jsonl, summary.csv
     render tables (80 columns) · plots/ (harness/plots.py)
 
 Ratios are speedups, ``median(reference) / median(variant)`` (> 1: the variant is faster), with
@@ -47,6 +51,7 @@ import tomllib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from time import monotonic as sweep_clock  # a module attribute, so a test can put a fake clock here
 from typing import Any
 
 from harness.revalidate_visits import CHILD_TARGET, Point, child_payload, split_results, visit_groups
@@ -85,6 +90,8 @@ class Shape:
     layers_reason: str = ""
     visit: str = "separate"
     visit_reason: str = ""
+    budget_s: float | None = None  # rounds after the minimum while another fits (None: exactly `rounds`)
+    budget_reason: str = ""
 
 
 ACCELERATOR_DEFAULTS = Shape(
@@ -99,8 +106,10 @@ ACCELERATOR_DEFAULTS = Shape(
     "order confound configurations sharing a device)",
 )
 # Measured on the 2-core, 24 GiB development machine (jax 0.10.2, full E2B dimensions, f32 layers):
-# a decode step at batch 4, ctx 8192 takes ~0.9-1.3 s; a visit (start, synthetic init, cached
-# compile, 2 + 5 steps) ~20 s, so 12 configurations × 3 rounds take ~12-15 minutes.
+# a decode step at batch 4, ctx 8192 takes ~1.2-1.7 s; a visit (start, synthetic init, cached
+# compile, 2 + 5 steps) ~25-30 s, so 12 configurations × 3 rounds take ~15-18 minutes. A smaller
+# selection takes more rounds in the same budget: the visit-to-visit noise there (9-21% per visit,
+# harness/visit_noise.py) makes the number of visits, not of samples, what a verdict's power rests on.
 CPU_DEFAULTS = Shape(
     batch=4,
     ctx=8192,
@@ -115,6 +124,10 @@ CPU_DEFAULTS = Shape(
     visit_reason="one configuration per fresh process: in a shared process a copying bf16-KV step ran 1.35× "
     "slower than in its own (results/reference/revalidate-cpu-e2b-bf16-visits), so sharing biases donation "
     "ratios",
+    budget_s=15 * 60.0,
+    budget_reason="on a shared CPU a visit's speed wanders ~10% from visit to visit, so each extra round "
+    "narrows every CI; rounds are added while the next one fits in 15 minutes of measuring (--rounds N: "
+    "exactly N; --budget-min M: another budget)",
 )
 SHARED_VISIT_CAVEAT = (
     "shared-weights visits: on XLA:CPU a copying bf16-KV step ran 1.35× slower in a shared process than in its "
@@ -151,6 +164,7 @@ class SweepSettings:
     timeout_s: float = CHILD_TIMEOUT_S
     mem_limit_bytes: int | None = None
     visit: str = "separate"  # or "shared-weights": engine-only variants share a process (visit_groups)
+    budget_s: float | None = None  # more rounds after `rounds` while the next fits (None: exactly `rounds`)
 
     def identity(self) -> dict[str, Any]:
         """The fields that define the measurement (a resumed run must match them)."""
@@ -188,6 +202,7 @@ class RevalidateRequest:
     mem_limit_bytes: int | None = None
     configs: tuple[str, ...] | None = None
     visit: str | None = None
+    budget_s: float | None = None  # 0: none (exactly `rounds`)
 
 
 @dataclass
@@ -288,11 +303,18 @@ def resolve_settings(
     warmup: int | None,
     layers: str | None = None,
     visit: str | None = None,
+    budget_s: float | None = None,
     **extra: Any,
 ) -> tuple[SweepSettings, str | None]:
     """Fill unset options from the platform defaults; returns the settings and a note saying which
-    defaults were applied and why (None when the caller set everything)."""
+    defaults were applied and why (None when the caller set everything).
+
+    The time budget: `budget_s` when given (0: none); else the platform's when `rounds` was left to
+    it too (an explicit --rounds N means exactly N)."""
     shape = defaults_for(platform)
+    if budget_s is not None and budget_s < 0:
+        raise RevalidateError(f"--budget-min must be >= 0, got {budget_s / 60:g}")
+    budget = budget_s if budget_s is not None else (shape.budget_s if rounds is None else None)
     given = {"batch": batches, "ctx": ctxs, "rounds": rounds, "samples": samples, "warmup": warmup}
     applied = {k: getattr(shape, k) for k, v in given.items() if v is None}
     settings = SweepSettings(
@@ -304,6 +326,7 @@ def resolve_settings(
         warmup=warmup if warmup is not None else shape.warmup,
         layers=layers if layers is not None else shape.layers,
         visit=visit if visit is not None else shape.visit,
+        budget_s=budget or None,
         **extra,
     )
     if min((*settings.batches, *settings.ctxs, settings.rounds, settings.samples)) < 1 or settings.warmup < 0:
@@ -324,6 +347,8 @@ def resolve_settings(
         notes.append(f"layers {shape.layers} instead of the grid's — {shape.layers_reason}")
     if visit is None and shape.visit_reason:
         notes.append(f"visits {shape.visit} — {shape.visit_reason}")
+    if budget_s is None and rounds is None and shape.budget_s:
+        notes.append(f"rounds: at least {settings.rounds}, more within {shape.budget_s / 60:g} min — {shape.budget_reason}")
     if settings.visit == "shared-weights":
         notes.append(SHARED_VISIT_CAVEAT)
     return settings, "\n".join(notes) or None
@@ -389,6 +414,7 @@ def prepare_run(
         warmup=request.warmup,
         layers=request.layers,
         visit=request.visit,
+        budget_s=request.budget_s,
         seed=request.seed or 0,
         floor=request.floor if request.floor is not None else 0.02,
         aa=request.aa or 0,
@@ -419,11 +445,19 @@ def _check_resumed_points(run_dir: Path, points: Sequence[Point]) -> None:
 
 
 def run_sweep(
-    points: Sequence[Point], settings: SweepSettings, run: RunFolder, *, console: Any = None
+    points: Sequence[Point],
+    settings: SweepSettings,
+    run: RunFolder,
+    *,
+    console: Any = None,
 ) -> SweepOutcome:
     """Visit every group of points once per round (fresh random order each round, one child per
     visit), log each point's result, and rewrite the run's records after every round; returns the
-    final outcome."""
+    final outcome.
+
+    Rounds: `settings.rounds`, then, with `settings.budget_s` on a fresh run, one more whenever the
+    rounds so far (timed on `sweep_clock`) leave room for another of their average length. A resumed
+    run finishes the rounds it began and adds none."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -434,13 +468,17 @@ def run_sweep(
         TimeRemainingColumn,
     )
 
-    from harness.rounds import Visit, pending, plan_visits, read_visits, run_visits
+    from harness.rounds import Visit, pending, plan_visits, read_visits, round_visits, run_visits
 
     console = console or Console(stderr=True)
     groups = visit_groups(points, settings)
+    names = list(groups)
     members = {label: [p.name for p in group] for label, group in groups.items()}
-    plan = plan_visits(list(groups), settings.rounds, settings.seed)
-    todo = pending(plan, read_visits(run.path), members)
+    logged = read_visits(run.path)
+    rounds = max(settings.rounds, max((ln["round"] for ln in logged), default=-1) + 1)
+    budget = settings.budget_s if not logged else None
+    plan = plan_visits(names, rounds, settings.seed)
+    todo = pending(plan, logged, members)
     if len(todo) < len(plan):
         console.print(f"[dim]resume: {len(plan) - len(todo)} visit(s) already measured in {run.path}[/dim]")
     target = child_target()
@@ -459,30 +497,43 @@ def run_sweep(
         return split_results(run.child(target, payload, f"{visit.name}-r{visit.round}"), group)
 
     with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("revalidate", total=sum(len(members[v.name]) for v in todo))
+        total = sum(len(members[v.name]) for v in todo)
+        task = progress.add_task("revalidate", total=total)
 
         def on_visit(visit: Visit, result: dict[str, Any]) -> None:
-            progress.console.print(_one_line(visit, result, settings.rounds))
+            progress.console.print(_one_line(visit, result, f"{rounds}{'+' if budget else ''}"))
             progress.advance(task)
 
-        for visit in todo:
-            progress.update(task, description=f"r{visit.round + 1} {visit.name}")
-            run_visits([visit], run.path, measure, on_visit, members)
-            if visit.slot == len(groups) - 1:  # a round is complete: refresh the records
-                write_outcome(points, settings, run)
-    return write_outcome(points, settings, run)
+        started = sweep_clock()
+        done = 0
+        while done < rounds:
+            for visit in (v for v in todo if v.round == done):
+                progress.update(task, description=f"r{visit.round + 1} {visit.name}")
+                run_visits([visit], run.path, measure, on_visit, members)
+            done += 1
+            elapsed = sweep_clock() - started
+            if done == rounds and budget is not None and elapsed * (done + 1) / done <= budget:
+                rounds += 1  # another round of the average length still fits
+                todo.extend(round_visits(names, done, settings.seed))
+                total += sum(len(m) for m in members.values())
+                progress.update(task, total=total)
+            write_outcome(points, settings, run, rounds=done)  # a round is complete: refresh the records
+    return write_outcome(points, settings, run, rounds=rounds)
 
 
-def write_outcome(points: Sequence[Point], settings: SweepSettings, run: RunFolder) -> SweepOutcome:
-    """Records from every logged visit: measurements, ratios, the run summary → results.jsonl,
-    summary.csv (atomically rewritten, so a killed sweep keeps the last complete round)."""
+def write_outcome(
+    points: Sequence[Point], settings: SweepSettings, run: RunFolder, *, rounds: int | None = None
+) -> SweepOutcome:
+    """Records from every logged visit of the first `rounds` rounds (default `settings.rounds`):
+    measurements, ratios, the run summary → results.jsonl, summary.csv (atomically rewritten, so a
+    killed sweep keeps the last complete round)."""
     from harness.results import rewrite_records, write_summary
-    from harness.revalidate_records import measurement_record, summary_record
+    from harness.revalidate_records import measurement_record, summary_record, with_pooled_median_ci
     from harness.rounds import group_by_name, read_visits
-    from harness.verdicts import ratio_records
+    from harness.verdicts import ratio_records, run_noise
 
     run_id, base_env = run.run_id, run.base_env
-    grouped = group_by_name(read_visits(run.path), settings.rounds)
+    grouped = group_by_name(read_visits(run.path), rounds or settings.rounds)
     shared = {p.name: label for label, group in visit_groups(points, settings).items() if len(group) > 1 for p in group}
     meas = []
     for p in points:
@@ -492,15 +543,21 @@ def write_outcome(points: Sequence[Point], settings: SweepSettings, run: RunFold
             if p.name in shared:
                 rec["visit_group"] = shared[p.name]
             meas.append(rec)
+    noise = run_noise(meas)
+    with_pooled_median_ci(meas, noise)
     ratios = ratio_records(meas, run_id=run_id, base_env=base_env, floor=settings.floor, seed=settings.seed)
-    summary = summary_record(meas, ratios, settings, run_id=run_id, base_env=base_env)
+    summary = summary_record(meas, ratios, settings, run_id=run_id, base_env=base_env, noise=noise)
     outcome = SweepOutcome(run_dir=run.path, measurements=meas, ratios=ratios, summary=summary)
     rewrite_records(run.path, outcome.records)
     write_summary(run.path, outcome.records)
     return outcome
 
 
-def _one_line(visit: Any, result: dict[str, Any], rounds: int) -> str:
+def _budget_text(settings: SweepSettings) -> str:
+    return f" (more while another fits in {settings.budget_s / 60:g} min)" if settings.budget_s else ""
+
+
+def _one_line(visit: Any, result: dict[str, Any], rounds: str) -> str:
     """Progress line for one finished visit (rich markup)."""
     import statistics
 
@@ -563,7 +620,8 @@ def run_revalidate(
         f"revalidate on {platform} ({device.get('device_kind')}): model {settings.model}, "
         f"layers {settings.layers or 'as in the grid'}, batch {list(settings.batches)}, ctx "
         f"{list(settings.ctxs)}, KV layout {list(settings.kv_layouts)}; {len(points)} point(s) × "
-        f"{settings.rounds} round(s) in {len(groups)} visit(s) per round ({settings.visit}), each visit a fresh "
+        f"{settings.rounds} round(s){_budget_text(settings)} in {len(groups)} visit(s) per round ({settings.visit}), "
+        "each visit a fresh "
         f"process taking {settings.samples} samples per point after {settings.warmup} warmup; timeout "
         f"{settings.timeout_s:g} s per visit"
     )

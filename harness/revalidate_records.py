@@ -2,7 +2,10 @@
 
 Data flow: harness/revalidate.py hands each point's visit results (one per round, in round order:
 a child's dict with ``step_ms_samples`` and per-sample host load, or a failure record) to
-`measurement_record`; `summary_record` reads the measurement and ratio records back.
+`measurement_record` (its median's CI from the hierarchical bootstrap); `with_pooled_median_ci` then
+replaces that CI, for the points measured in their own processes, with the one from the run's pooled
+visit noise (harness/visit_noise.py); `summary_record` reads the measurement and ratio records back,
+with that noise's power figures.
 
 A point with any failed visit becomes a failure record (the first failure, its round named), so
 comparisons stay balanced across rounds; `--resume` measures the failed visits again.
@@ -11,9 +14,12 @@ comparisons stay balanced across rounds; `--resume` measures the failed visits a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.hostload import CONTAMINATED_CORES, CONTAMINATED_STEAL, STEADY_BANDWIDTH_IQR_PCT, contaminated
+
+if TYPE_CHECKING:
+    from harness.visit_noise import PooledNoise
 
 MIN_CLEAN_PER_ROUND = 2  # verdicts drop contaminated samples only if every round keeps this many
 
@@ -121,6 +127,49 @@ def measurement_record(
     )
 
 
+def with_pooled_median_ci(measurements: Sequence[dict[str, Any]], noise: PooledNoise | None) -> None:
+    """Set, in place, the median CI of every point in `noise` from the pooled visit noise:
+    ``median × exp(±t · sigma_within / √R)`` (harness/visit_noise.py), and ``ci_method: "pooled"``;
+    the others (no noise to pool) keep their bootstrap CI (``ci_method: "bootstrap"``)."""
+    import math
+
+    from harness.visit_noise import median_half_width
+
+    half = median_half_width(noise) if noise is not None else None
+    for m in measurements:
+        if m.get("kind") != "revalidate" or "step_ms_median" not in m:
+            continue
+        if half is None or noise is None or m["name"] not in noise.visit_logs:
+            m["ci_method"] = "bootstrap"
+            continue
+        med = m["step_ms_median"]
+        m["step_ms_ci95_lo"], m["step_ms_ci95_hi"] = med * math.exp(-half), med * math.exp(half)
+        m["step_ci95_half_width_pct"] = 100.0 * (m["step_ms_ci95_hi"] - m["step_ms_ci95_lo"]) / 2.0 / med
+        m["ci_method"] = "pooled"
+
+
+def power_fields(noise: PooledNoise | None, floor: float, measurements: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The run summary's power figures from its pooled visit noise (harness/visit_noise.py `Power`),
+    with the wall time one round took on average; {} when there was nothing to pool."""
+    from harness.visit_noise import TARGET_EFFECT, TARGET_MEDIAN_HALF_WIDTH, power
+
+    if noise is None:
+        return {}
+    p = power(noise, floor)
+    timed = [m for m in measurements if m.get("kind") == "revalidate" and m.get("rounds")]
+    round_s = sum(m["wall_s"] for m in timed) / max(1, max((m["rounds"] for m in timed), default=1))
+    return {
+        "visit_noise_pct": p.noise_pct,
+        "visit_noise_df": p.noise_df,
+        "detectable_effect_pct": 100.0 * p.detectable_effect,
+        "target_effect_pct": 100.0 * TARGET_EFFECT,
+        "rounds_for_target_effect": p.rounds_for_effect,
+        "target_median_half_width_pct": 100.0 * TARGET_MEDIAN_HALF_WIDTH,
+        "rounds_for_target_median": p.rounds_for_median,
+        "round_wall_s": round_s,
+    }
+
+
 def memory_bandwidth_fields(measurements: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The run's memory bandwidth probe readings (harness/hostload.py): median GB/s, relative IQR,
     and `step_mem_corr`, the correlation of log step time with log(1 / bandwidth), each centred per
@@ -159,10 +208,11 @@ def summary_record(
     *,
     run_id: str,
     base_env: dict[str, Any],
+    noise: PooledNoise | None = None,
 ) -> dict[str, Any]:
     """Run-level facts: was the host quiet (few samples flagged busy by CPU time, and the memory
-    bandwidth probe steady where it read), how wide are the CIs, and (A/A runs) the observed
-    false-positive rate of each rule."""
+    bandwidth probe steady where it read), how wide are the CIs, what the run's pooled visit noise
+    lets it detect (`power_fields`), and (A/A runs) the observed false-positive rate of each rule."""
     import statistics
 
     from harness.results import is_failure, make_record
@@ -186,6 +236,8 @@ def summary_record(
         "host_quiet": cpu_quiet and bandwidth.get("host_mem_steady", True),
         "median_ci95_half_width_pct": statistics.median(m["step_ci95_half_width_pct"] for m in ok) if ok else None,
         **bandwidth,
+        **power_fields(noise, settings.floor, ok),
+        **({"rounds_done": max(m["rounds"] for m in ok)} if ok else {}),
         "verdict_counts": {w: sum(r["verdict"] == w for r in ratios) for w in sorted({r["verdict"] for r in ratios})},
     }  # fmt: skip
     aa = [r for r in ratios if r["effect"] == "aa"]

@@ -9,6 +9,7 @@ noise it is (harness/compare.py resamples rounds).
 Data flow::
 
     plan_visits(names, rounds, seed) ──▶ [Visit(round, slot, name)]   round-major, shuffled per round
+                                         (round_visits: one round; a time-budgeted run adds rounds)
     run_visits(plan, measure, log)   for each visit not yet in `log`: result = measure(visit)
         every result is appended to RUN_DIR/visits.jsonl at once (flushed): a killed sweep keeps it,
         and `--resume` skips the visits already there (a failed visit is measured again)
@@ -42,17 +43,20 @@ class Visit:
     name: str
 
 
-def plan_visits(names: Sequence[str], rounds: int, seed: int = 0) -> list[Visit]:
-    """`rounds` rounds over `names`, each in a fresh random order (reproducible from `seed`)."""
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
+def round_visits(names: Sequence[str], round_index: int, seed: int = 0) -> list[Visit]:
+    """Round `round_index` (0-based) over `names` in its own random order (reproducible from `seed`
+    and the round alone, so a run that adds rounds keeps the earlier ones' orders)."""
     if len(set(names)) != len(names):
         raise ValueError("configuration names must be unique")
-    plan: list[Visit] = []
-    for r in range(rounds):
-        order = np.random.default_rng([seed, r]).permutation(len(names))
-        plan.extend(Visit(r, slot, names[i]) for slot, i in enumerate(order))
-    return plan
+    order = np.random.default_rng([seed, round_index]).permutation(len(names))
+    return [Visit(round_index, slot, names[i]) for slot, i in enumerate(order)]
+
+
+def plan_visits(names: Sequence[str], rounds: int, seed: int = 0) -> list[Visit]:
+    """`rounds` rounds over `names`, each in a fresh random order (`round_visits`)."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    return [v for r in range(rounds) for v in round_visits(names, r, seed)]
 
 
 def read_visits(run_dir: Path) -> list[dict[str, Any]]:

@@ -5,9 +5,12 @@ worth asking of it are effects: does donation speed the step up, does an int8 KV
 quantized PLE table? Each is answered by pairing the two points that differ only in that field:
 
     ratio   = median(reference) / median(variant)          (> 1: the variant is faster)
-    CI      = paired hierarchical bootstrap over rounds and samples (harness/compare.py), on the
-              samples taken while the host was quiet when every round keeps enough of them;
-              samples paired one to one when both sides shared a process (`same_process`)
+    CI      = sides measured in different processes: the block-design interval with the
+              visit-to-visit noise pooled over the run's configurations (harness/visit_noise.py,
+              ``ci_method: "pooled"``); sides that shared a process (`same_process`), or a run with
+              nothing to pool: the paired hierarchical bootstrap over rounds and samples
+              (harness/compare.py, ``ci_method: "bootstrap"``). Both use the samples taken while
+              the host was quiet when every round keeps enough of them
     verdict = faster | slower | equivalent | inconclusive   (practical floor, default 2%)
     rule_2iqr = the reference article's "real" / "within noise" (|ratio − 1| > 2 × the larger
               relative IQR), kept as a column to read against its tables
@@ -15,9 +18,10 @@ quantized PLE table? Each is answered by pairing the two points that differ only
 An A/A run (``--aa N``) pairs ``aa<i>-A`` with ``aa<i>-B``: identical configurations, so every
 *faster* or *slower* is a false positive (the run summary reports the rate).
 
-Data flow: `ratio_records(measurements)` → ``kind: "ratio"`` records (results.jsonl, summary.csv),
-which the gate compares across runs (`direction: "higher"`, noise from `noise_pct`); then
-`render_summary` and `render_verdicts` print 80-column rich tables.
+Data flow: `run_noise(measurements)` → the run's `PooledNoise` (also the configurations' median CIs
+and the summary's power figures); `ratio_records(measurements)` → ``kind: "ratio"`` records
+(results.jsonl, summary.csv), which the gate compares across runs (`direction: "higher"`, noise from
+`noise_pct`); then `render_summary` and `render_verdicts` print 80-column rich tables.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from harness.results import is_failure
+from harness.revalidate_records import clean_rounds
 from harness.tables import fitted_table
+from harness.visit_noise import PooledNoise, compare_pooled, pooled_noise
 
 # (effect name, case field varied, reference value, variant values)
 EFFECTS: tuple[tuple[str, str, Any, tuple[Any, ...]], ...] = (
@@ -80,6 +86,25 @@ def _pairs(ok: Sequence[dict[str, Any]]) -> list[tuple[str, str, Any, Any, dict[
     return out
 
 
+def _quiet_or_all(ok: Sequence[dict[str, Any]]) -> tuple[dict[str, list[list[float]]], bool]:
+    """Every record's samples by round: only those taken while the host was quiet when every round of
+    every record keeps MIN_CLEAN_PER_ROUND of them (like is compared with like), else all of them;
+    and whether any were left out."""
+    cleaned = {r["name"]: clean_rounds(r) for r in ok}
+    if not cleaned or any(c is None for c in cleaned.values()):
+        return {r["name"]: r["step_ms_by_round"] for r in ok}, False
+    return {n: c[0] for n, c in cleaned.items() if c is not None}, any(c[1] for c in cleaned.values() if c)
+
+
+def run_noise(measurements: Sequence[dict[str, Any]]) -> PooledNoise | None:
+    """The visit-to-visit noise pooled over the run's successful points (harness/visit_noise.py), each
+    shared-weights visit group counted as one process, on the quiet samples where every round keeps
+    enough; None when fewer than two processes share two or more rounds."""
+    ok = [r for r in measurements if r.get("kind") == "revalidate" and not is_failure(r)]
+    rounds, _ = _quiet_or_all(ok)
+    return pooled_noise(rounds, {r["name"]: r["visit_group"] for r in ok if r.get("visit_group") is not None})
+
+
 def ratio_records(
     measurements: Sequence[dict[str, Any]],
     *,
@@ -91,22 +116,27 @@ def ratio_records(
     """Within-run `ratio` records for every effect whose two points both succeeded."""
     from harness.compare import compare_rounds
     from harness.results import make_record
-    from harness.revalidate_records import clean_rounds
     from harness.run import record_env
     from harness.stats import verdict
 
     ok = [r for r in measurements if r.get("kind") == "revalidate" and not is_failure(r)]
     with_shape = len({(r["batch"], r["ctx"]) for r in ok}) > 1
+    noise = run_noise(ok)
+    pooled_cleaned = _quiet_or_all(ok)[1]
     out = []
     for effect, varied, ref_value, var_value, ref, var in _pairs(ok):
-        ref_clean, var_clean = clean_rounds(ref), clean_rounds(var)
-        if ref_clean is not None and var_clean is not None:
-            (ref_rounds, ref_dropped), (var_rounds, var_dropped) = ref_clean, var_clean
-            cleaned = ref_dropped + var_dropped > 0
-        else:  # too few quiet samples on one side: compare like with like, all samples
-            ref_rounds, var_rounds, cleaned = ref["step_ms_by_round"], var["step_ms_by_round"], False
         same_process = ref.get("visit_group") is not None and ref.get("visit_group") == var.get("visit_group")
-        cmp = compare_rounds(ref_rounds, var_rounds, floor=floor, seed=seed, paired_samples=same_process)
+        if noise is not None and not same_process and {ref["name"], var["name"]} <= set(noise.visit_logs):
+            cmp, cleaned, method = compare_pooled(ref["name"], var["name"], noise, floor=floor), pooled_cleaned, "pooled"
+        else:
+            ref_clean, var_clean = clean_rounds(ref), clean_rounds(var)
+            if ref_clean is not None and var_clean is not None:
+                (ref_rounds, ref_dropped), (var_rounds, var_dropped) = ref_clean, var_clean
+                cleaned = ref_dropped + var_dropped > 0
+            else:  # too few quiet samples on one side: compare like with like, all samples
+                ref_rounds, var_rounds, cleaned = ref["step_ms_by_round"], var["step_ms_by_round"], False
+            cmp = compare_rounds(ref_rounds, var_rounds, floor=floor, seed=seed, paired_samples=same_process)
+            method = "bootstrap"
         noise_pct = max(ref["step_rel_iqr_pct"], var["step_rel_iqr_pct"])
         rule = verdict(ref["step_ms_median"] / var["step_ms_median"], noise_pct / 100.0)
         if effect == "aa":
@@ -132,6 +162,7 @@ def ratio_records(
                 ratio=cmp.ratio,
                 ci95_lo=cmp.ci_lo,
                 ci95_hi=cmp.ci_hi,
+                ci_method=method,
                 floor_pct=100.0 * floor,
                 rounds=cmp.rounds,
                 rounds_to_settle=cmp.rounds_to_settle,
@@ -218,6 +249,8 @@ def render_host(summary: dict[str, Any], console: Any) -> None:
     hw = summary.get("median_ci95_half_width_pct")
     if hw is not None:
         console.print(f"median 95% CI half-width of a configuration's median: ±{hw:.2f}%")
+    if "visit_noise_pct" in summary:
+        console.print(power_line(summary))
     if "host_mem_gbs_median" in summary:
         r = summary["step_mem_corr"]
         console.print(
@@ -257,6 +290,30 @@ def render_summary(measurements: Sequence[dict[str, Any]], console: Any) -> None
     header = ["configuration", "median", "±CI%", "IQR%", "tok/s", "busy"]
     console.print(fitted_table("decode step per configuration (ms)", header, cells))
     console.print(
-        "[dim]±CI%: half-width of the median's 95% CI (bootstrap over rounds and samples); busy: samples "
+        "[dim]±CI%: half-width of the median's 95% CI (from the visit-to-visit noise pooled over the run's "
+        "configurations; a bootstrap over rounds and samples where nothing pools); busy: samples "
         "taken while other processes used the CPU. Full names and every field: summary.csv[/dim]"
+    )
+
+
+def _rounds_text(rounds: int | None, round_s: float | None) -> str:
+    if rounds is None:
+        return "more rounds than a run can take"
+    if not round_s:
+        return f"≈ {rounds} rounds"
+    minutes = rounds * round_s / 60.0
+    return f"≈ {rounds} rounds (~{minutes:.0f} min at this run's pace)"
+
+
+def power_line(summary: dict[str, Any]) -> str:
+    """What the run's pooled visit noise lets it see (harness/visit_noise.py `Power`), in one line."""
+    effect, target = summary["detectable_effect_pct"], summary["target_effect_pct"]
+    rounds_done = summary.get("rounds_done") or summary["config"]["rounds"]
+    return (
+        f"visit-to-visit noise ±{summary['visit_noise_pct']:.1f}% (pooled over the configurations, "
+        f"{summary['visit_noise_df']} df): {rounds_done} rounds call a speedup faster with 80% probability "
+        f"from {1 + effect / 100:.2f}×; {1 + target / 100:.2f}× would need "
+        f"{_rounds_text(summary.get('rounds_for_target_effect'), summary.get('round_wall_s'))}, a "
+        f"±{summary['target_median_half_width_pct']:g}% median CI "
+        f"{_rounds_text(summary.get('rounds_for_target_median'), summary.get('round_wall_s'))}"
     )

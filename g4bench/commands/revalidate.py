@@ -53,7 +53,15 @@ def revalidate(
         int | None,
         typer.Option(
             help="Rounds: each visits every configuration once, in a fresh random order, one fresh process per "
-            "visit. (default: 3 on the CPU, 2 on an accelerator)"
+            "visit. Given alone: exactly N. (default: 2 on an accelerator; on the CPU at least 3, more within "
+            "the time budget)"
+        ),
+    ] = None,
+    budget_min: Annotated[
+        float | None,
+        typer.Option(
+            help="Add rounds after --rounds while another fits in this many minutes of measuring (0: none). "
+            "Every round narrows every CI. (default: 15 on the CPU unless --rounds is given; none on an accelerator)"
         ),
     ] = None,
     samples: Annotated[
@@ -118,7 +126,7 @@ def revalidate(
 ) -> None:
     """Measure the decode step over configs/sweeps/revalidate.toml (PLE × KV dtype × donation) × batch × ctx.
 
-    Rounds visit every configuration once in a fresh random order, each visit a fresh process timing steps on warm buffers, with the host's other CPU load recorded per sample. Each effect (donation, int8 KV, PLE format) gets a ratio with a bootstrap 95% CI and a verdict: faster / slower / equivalent / inconclusive (the reference's 2×IQR rule shown beside it). Writes results.jsonl, summary.csv, visits.jsonl, env.json, command.txt, logs/ and plots/. Exit 1 if a configuration failed (recorded; the sweep goes on), 2 on an unusable request.
+    Rounds visit every configuration once in a fresh random order, each visit a fresh process timing steps on warm buffers, with the host's other CPU load recorded per sample. Each effect (donation, int8 KV, PLE format) gets a ratio with a 95% CI (the visit-to-visit noise pooled over the run's configurations) and a verdict: faster / slower / equivalent / inconclusive (the reference's 2×IQR rule shown beside it); the summary says what effect the run could detect and how many rounds a 10% one would need. Writes results.jsonl, summary.csv, visits.jsonl, env.json, command.txt, logs/ and plots/. Exit 1 if a configuration failed (recorded; the sweep goes on), 2 on an unusable request.
     """
     import sys
 
@@ -143,6 +151,7 @@ def revalidate(
         floor=floor_pct / 100.0 if floor_pct is not None else None,
         aa=aa,
         visit=visit,
+        budget_s=budget_min * 60.0 if budget_min is not None else None,
         cpus=int_list(cpus, "--cpus", minimum=0),
         layers=layers,
         timeout_s=timeout,

@@ -289,6 +289,7 @@ def test_cpu_defaults_are_printed_with_reason():
         CPU_DEFAULTS.warmup,
     )
     assert "15 minutes" in note and "rounds 3" in note
+    assert settings.budget_s == CPU_DEFAULTS.budget_s == 900 and "at least 3, more within 15 min" in note
     assert settings.layers == "f32" and "do not fuse" in note
     assert settings.visit == "separate" and "1.35×" in note  # sharing a process biases copying steps
     shared, note = resolve_settings(
@@ -308,6 +309,19 @@ def test_cpu_defaults_are_printed_with_reason():
     assert note is None
     with pytest.raises(RevalidateError, match="--visit"):
         resolve_settings("cpu", model="e2b", batches=[1], ctxs=[2], rounds=1, samples=3, warmup=0, visit="pairs")
+
+
+def test_time_budget_applies_only_where_rounds_were_left_to_it():
+    def settle(platform, rounds, budget_s):
+        return resolve_settings(platform, model="e2b", batches=[1], ctxs=[2], rounds=rounds, samples=3,
+                                warmup=0, budget_s=budget_s)[0]  # fmt: skip
+
+    assert settle("cpu", 4, None).budget_s is None  # --rounds N alone: exactly N
+    assert settle("cpu", 4, 120.0).budget_s == 120.0  # at least 4, more within 2 minutes
+    assert settle("cpu", None, 0.0).budget_s is None and settle("cpu", None, 0.0).rounds == 3
+    assert settle("tpu", None, None).budget_s is None  # accelerators: the reference's fixed rounds
+    with pytest.raises(RevalidateError, match="--budget-min"):
+        settle("cpu", None, -60.0)
 
 
 def test_points_cross_batches_and_contexts_and_aa_pairs():
@@ -424,6 +438,58 @@ def test_wandering_memory_bandwidth_means_the_host_was_not_quiet(fake_env, monke
     assert summary["contaminated_samples"] == 0 and summary["host_cpu_quiet"]
     assert summary["host_mem_rel_iqr_pct"] > 5.0 and not summary["host_mem_steady"] and not summary["host_quiet"]
     assert "NOT quiet" in res.output and "memory bandwidth wandered 40.0%" in " ".join(res.output.split())
+
+
+class RoundClock:
+    """The sweep's clock: every reading after the first is one 100 s round later."""
+
+    def __init__(self) -> None:
+        self.readings = 0
+
+    def __call__(self) -> float:
+        self.readings += 1
+        return 100.0 * (self.readings - 1)
+
+
+def test_rounds_are_added_while_another_fits_in_the_budget(fake_env, monkeypatch):
+    """Rounds of 100 s and a 4-minute budget: after one round a second fits (200 s ≤ 240 s), after two a
+    third does not (300 s), so 2 rounds in all; the records, the summary and the log say so; --resume
+    adds none."""
+    import harness.revalidate
+
+    monkeypatch.setattr(harness.revalidate, "sweep_clock", RoundClock())
+    out = fake_env / "run"
+    args = ["--config", "ple-bf16/kv-bf16/*", "--samples", 3, "--warmup", 0, "--batch", 2, "--ctx", 64]
+    res = invoke(*args, "--rounds", 1, "--budget-min", 4, "--out", out)
+    assert res.exit_code == 0, res.output
+    records = read_records(out)
+    (summary,) = [r for r in records if r["kind"] == "summary"]
+    assert summary["rounds_done"] == 2 and summary["config"]["rounds"] == 1
+    assert all(r["rounds"] == 2 for r in records if r["kind"] == "revalidate")
+    assert sorted({ln["round"] for ln in map(json.loads, (out / "visits.jsonl").read_text().splitlines())}) == [0, 1]
+    text = " ".join(res.output.split())
+    assert "r2/2+" in text and "more while another fits in 4 min" in text
+    (fake_env / "ran.txt").unlink()
+    monkeypatch.setattr(harness.revalidate, "sweep_clock", RoundClock())
+    assert invoke("--out", out, "--resume").exit_code == 0
+    assert not (fake_env / "ran.txt").exists()  # a resumed run finishes its rounds and adds none
+
+
+def test_verdicts_pool_the_visit_noise_and_say_what_the_run_could_see(fake_env, monkeypatch):
+    """Separate visits: every comparison's CI comes from the noise pooled over the run's points (4 points
+    × 3 rounds: 6 df), the points' median CIs too, and the summary prints the power line."""
+    monkeypatch.setenv("FAKE_MODE", "procspeed")
+    out = fake_env / "run"
+    args = ["--config", "ple-bf16/*", "--rounds", 3, "--samples", 4, "--warmup", 0, "--batch", 2, "--ctx", 64]
+    res = invoke(*args, "--out", out)
+    assert res.exit_code == 0, res.output
+    records = read_records(out)
+    assert {r["ci_method"] for r in records if r["kind"] in ("ratio", "revalidate")} == {"pooled"}
+    (summary,) = [r for r in records if r["kind"] == "summary"]
+    assert summary["visit_noise_df"] == 6 and summary["visit_noise_pct"] > 5  # ±40% per process
+    assert summary["detectable_effect_pct"] > 0 and summary["rounds_for_target_effect"] > 3
+    text = " ".join(res.output.split())
+    assert "visit-to-visit noise" in text and "1.10× would need" in text
 
 
 def test_aa_run_reports_false_positive_rate(fake_env):
