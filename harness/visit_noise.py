@@ -30,8 +30,11 @@ With 12 configurations × 3 rounds that is 22 degrees of freedom instead of 2. A
 median (`median_half_width`) uses the spread of its visits about their mean, pooled the same way
 (round effects included: they move an absolute time, not a ratio). The units of the noise are
 processes: where configurations share a process per round (``--visit shared-weights``), their
-residuals share its speed, so the degrees of freedom count processes, (P − 1)(R − 1), and only pairs
-from different processes are judged here (a shared pair's own bootstrap pairs its samples).
+residuals share its speed, so the degrees of freedom count processes, df = (P − 1)(R − 1), and the
+residual sum is divided by df · C/P (the process effects span (P − 1)(R − 1) directions of it, each
+carrying a process's C/P configurations: an upper bound on the variance a pair from two processes
+sees; with one process per configuration it is the usual mean square). Only pairs from different
+processes are judged here (a shared pair's own bootstrap pairs its samples).
 
 The words are harness/compare.py's (`word_for`, practical floor). Power (`Power`): the smallest
 speedup the run calls *faster* with 80% probability, and the rounds that a 10% effect or a ±2%
@@ -115,7 +118,7 @@ def pooled_noise(by_config: Mapping[str, Rounds], process_of: Mapping[str, str] 
     resid = within - y.mean(axis=0, keepdims=True) + y.mean()
     C, R = y.shape
     return PooledNoise(
-        sigma=float(math.sqrt((resid**2).sum() / ((C - 1) * (R - 1)))),
+        sigma=float(math.sqrt((resid**2).sum() / (_df(processes, R) * C / processes))),
         sigma_within=float(math.sqrt((within**2).sum() / (C * (R - 1)))),
         configurations=C,
         rounds=R,

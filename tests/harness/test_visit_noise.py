@@ -118,7 +118,9 @@ def test_power_figures_follow_the_noise():
 
 def test_configurations_sharing_a_process_count_as_one():
     """Four configurations in two shared-weights groups, 3 rounds: the noise's units are the two
-    processes, so (2 − 1)(3 − 1) = 2 df, not (4 − 1)(3 − 1) = 6; one group alone has nothing to pool."""
+    processes, so (2 − 1)(3 − 1) = 2 df, not (4 − 1)(3 − 1) = 6, and the residual sum is shared
+    among 2 df × 2 configurations a process (an upper bound: 6/4 of the usual estimate's square);
+    one group alone has nothing to pool."""
     rng = np.random.default_rng(4)
     by = _run(rng, {"a1": 100.0, "a2": 90.0, "b1": 100.0, "b2": 90.0}, rounds=3)
     groups = {"a1": "A", "a2": "A", "b1": "B", "b2": "B"}
@@ -127,4 +129,6 @@ def test_configurations_sharing_a_process_count_as_one():
     alone = pooled_noise(by, dict.fromkeys(by, "A"))
     assert alone is None
     separate = pooled_noise(by)
-    assert separate is not None and separate.df == 6 and separate.sigma == pytest.approx(noise.sigma)
+    assert separate is not None and separate.df == 6
+    assert noise.sigma == pytest.approx(separate.sigma * math.sqrt(6 / 4))
+    assert noise.sigma_within == pytest.approx(separate.sigma_within)
