@@ -5,14 +5,14 @@ process. On the 2-core development VM a visit's median step time moves 9–21% (
 visit for reasons that belong to the host, not the configuration (the neighbours' memory traffic,
 vCPU placement), and within one visit the samples agree far better. So a comparison is only as
 good as its number of *visits*, and with the CPU default of 3 rounds a pair of configurations has 3
-paired visits: a bootstrap over 3 clusters cannot see their spread (it called 3 of 40 A/A pairs
-different, results/reference/revalidate-cpu-small-aa40), and an interval honest for 3 clusters
-alone (Student t with 2 degrees of freedom) is ±25–35% wide there.
+paired visits: a bootstrap over 3 clusters cannot see their spread (it called 3 and 4 of 40 A/A
+pairs different, results/reference/revalidate-cpu-small-aa40 and -aa40-s15), and an interval honest
+for 3 clusters alone (Student t with 2 degrees of freedom) is ±25–35% wide there.
 
 But the visit noise is a property of the host, and every configuration of the run sees it: the
-residual spread is the same for copying and donated steps, bf16 and int8 KV (12.1–13.6% over 13
-recorded E2B runs; results/reference/session15/noise_by_kind.txt). So it is estimated once, from all
-of them, as in a randomized complete block design with rounds as blocks::
+residual spread is about the same for copying and donated steps, bf16 and int8 KV (11.7–14.2% over
+every recorded run; results/reference/session15/noise_by_kind.txt). So it is estimated once, from
+all of them, as in a randomized complete block design with rounds as blocks::
 
     y[c, r] = log(median of configuration c's samples in round r)
             = mu[c] + rho[r] + e[c, r]          e ~ N(0, sigma²), the same sigma for every c
