@@ -161,7 +161,8 @@ class Ratio(Record):
     ratio = median(numerator) / median(denominator) step time, so ratio > 1 means the denominator
     configuration is faster; with ``ci_method: "pooled"`` the ratio is the geometric mean over rounds of
     the per-round ratio of visit medians and ci95_lo/hi the block-design interval from the run's
-    pooled visit noise (harness/visit_noise.py); with "bootstrap" the ratio of pooled medians and a
+    pooled visit noise (harness/visit_noise.py), with "pooled+probe" that ratio adjusted to equal
+    host memory bandwidth (the probe as the design's covariate); with "bootstrap" the ratio of pooled medians and a
     paired hierarchical bootstrap over rounds and samples;
     verdict faster | slower | equivalent | inconclusive (runs made before interleaved rounds carry the
     2×IQR rule's real | within noise); rule_2iqr = that rule; noise_pct = the larger relative IQR."""
@@ -188,7 +189,12 @@ class Ratio(Record):
     same_process: bool | Omit = Field(
         default=None, description="both sides measured in one process per round, their samples interleaved"
     )
-    ci_method: Literal["pooled", "bootstrap"] | Omit = None
+    ci_method: Literal["pooled", "pooled+probe", "bootstrap"] | Omit = Field(
+        default=None,
+        description="pooled: the run's visit-to-visit noise pooled over its configurations; pooled+probe: "
+        "the same with the memory bandwidth probe as a covariate (the ratio at equal host bandwidth; "
+        "harness/visit_noise.py); bootstrap: paired hierarchical bootstrap over rounds and samples",
+    )
 
 
 class RunSummary(Record):
@@ -219,6 +225,19 @@ class RunSummary(Record):
         "over the run's configurations measured in their own processes (harness/visit_noise.py)",
     )
     visit_noise_df: PosInt | Omit = None
+    visit_noise_before_probe_pct: NonNeg | Omit = Field(
+        default=None,
+        description="the pooled visit noise (%) without the memory bandwidth probe as its covariate, where "
+        "the visits read the probe (visit_noise_pct is then the noise after it, if probe_used)",
+    )
+    probe_slope: float | Omit = Field(
+        default=None, description="d log(step) / d log(probe GB/s) within configurations and rounds"
+    )
+    probe_corr: Annotated[float, Field(ge=-1, le=1)] | Omit = None
+    probe_config_effect_p: Annotated[float, Field(ge=0, le=1)] | Omit = Field(
+        default=None, description="F test's p that the configurations moved the probe (then it is not used)"
+    )
+    probe_used: bool | Omit = None
     detectable_effect_pct: NonNeg | Omit = Field(
         default=None, description="the smallest speedup (%) this run calls faster with 80% probability at its noise"
     )

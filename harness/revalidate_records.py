@@ -158,9 +158,21 @@ def power_fields(noise: PooledNoise | None, floor: float, measurements: Sequence
     p = power(noise, floor)
     timed = [m for m in measurements if m.get("kind") == "revalidate" and m.get("rounds")]
     round_s = sum(m["wall_s"] for m in timed) / max(1, max((m["rounds"] for m in timed), default=1))
+    probe = noise.probe
     return {
         "visit_noise_pct": p.noise_pct,
         "visit_noise_df": p.noise_df,
+        **(
+            {
+                "visit_noise_before_probe_pct": 100.0 * probe.sigma_before,
+                "probe_slope": probe.slope,
+                "probe_corr": probe.corr,
+                "probe_config_effect_p": probe.config_effect_p,
+                "probe_used": probe.used,
+            }
+            if probe is not None
+            else {}
+        ),
         "detectable_effect_pct": 100.0 * p.detectable_effect,
         "target_effect_pct": 100.0 * TARGET_EFFECT,
         "rounds_for_target_effect": p.rounds_for_effect,

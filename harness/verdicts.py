@@ -7,7 +7,8 @@ quantized PLE table? Each is answered by pairing the two points that differ only
     ratio   = median(reference) / median(variant)          (> 1: the variant is faster)
     CI      = sides measured in different processes: the block-design interval with the
               visit-to-visit noise pooled over the run's configurations (harness/visit_noise.py,
-              ``ci_method: "pooled"``); sides that shared a process (`same_process`), or a run with
+              ``ci_method: "pooled"``; "pooled+probe" where the memory bandwidth probe was its
+              covariate, the ratio then at equal host bandwidth); sides that shared a process (`same_process`), or a run with
               nothing to pool: the paired hierarchical bootstrap over rounds and samples
               (harness/compare.py, ``ci_method: "bootstrap"``). Both use the samples taken while
               the host was quiet when every round keeps enough of them
@@ -99,10 +100,14 @@ def _quiet_or_all(ok: Sequence[dict[str, Any]]) -> tuple[dict[str, list[list[flo
 def run_noise(measurements: Sequence[dict[str, Any]]) -> PooledNoise | None:
     """The visit-to-visit noise pooled over the run's successful points (harness/visit_noise.py), each
     shared-weights visit group counted as one process, on the quiet samples where every round keeps
-    enough; None when fewer than two processes share two or more rounds."""
+    enough, with each visit's memory bandwidth probe readings (all of them: the probe reads the host,
+    not the samples) as its covariate where every point has them; None when fewer than two processes
+    share two or more rounds."""
     ok = [r for r in measurements if r.get("kind") == "revalidate" and not is_failure(r)]
     rounds, _ = _quiet_or_all(ok)
-    return pooled_noise(rounds, {r["name"]: r["visit_group"] for r in ok if r.get("visit_group") is not None})
+    groups = {r["name"]: r["visit_group"] for r in ok if r.get("visit_group") is not None}
+    probe = {r["name"]: r["host_mem_gbs_by_round"] for r in ok if r.get("host_mem_gbs_by_round")}
+    return pooled_noise(rounds, groups, probe if len(probe) == len(ok) else None)
 
 
 def ratio_records(
@@ -127,7 +132,8 @@ def ratio_records(
     for effect, varied, ref_value, var_value, ref, var in _pairs(ok):
         same_process = ref.get("visit_group") is not None and ref.get("visit_group") == var.get("visit_group")
         if noise is not None and not same_process and {ref["name"], var["name"]} <= set(noise.visit_logs):
-            cmp, cleaned, method = compare_pooled(ref["name"], var["name"], noise, floor=floor), pooled_cleaned, "pooled"
+            cmp, cleaned = compare_pooled(ref["name"], var["name"], noise, floor=floor), pooled_cleaned
+            method = "pooled+probe" if noise.covariates else "pooled"
         else:
             ref_clean, var_clean = clean_rounds(ref), clean_rounds(var)
             if ref_clean is not None and var_clean is not None:
@@ -309,9 +315,21 @@ def power_line(summary: dict[str, Any]) -> str:
     """What the run's pooled visit noise lets it see (harness/visit_noise.py `Power`), in one line."""
     effect, target = summary["detectable_effect_pct"], summary["target_effect_pct"]
     rounds_done = summary.get("rounds_done") or summary["config"]["rounds"]
+    if summary.get("probe_used"):
+        probe = (
+            f" after the memory bandwidth probe took out its share (±{summary['visit_noise_before_probe_pct']:.1f}% "
+            f"before; slope {summary['probe_slope']:+.2f})"
+        )
+    elif "probe_used" in summary:
+        probe = (
+            f" (the configurations moved the bandwidth probe, p = {summary['probe_config_effect_p']:.3f}: "
+            "not used as a covariate)"
+        )
+    else:
+        probe = ""
     return (
-        f"visit-to-visit noise ±{summary['visit_noise_pct']:.1f}% (pooled over the configurations, "
-        f"{summary['visit_noise_df']} df): {rounds_done} rounds call a speedup faster with 80% probability "
+        f"visit-to-visit noise ±{summary['visit_noise_pct']:.1f}%{probe}, pooled over the configurations "
+        f"({summary['visit_noise_df']} df): {rounds_done} rounds call a speedup faster with 80% probability "
         f"from {1 + effect / 100:.2f}×; {1 + target / 100:.2f}× would need "
         f"{_rounds_text(summary.get('rounds_for_target_effect'), summary.get('round_wall_s'))}, a "
         f"±{summary['target_median_half_width_pct']:g}% median CI "

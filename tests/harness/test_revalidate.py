@@ -91,10 +91,13 @@ def fake_child(payload: dict) -> dict:
             time.sleep(600)  # past --timeout
         if "ple-int4/kv-int8/copying" in names:
             raise RuntimeError("injected crash")
-    speed = 1.0
+    speed, gbs = 1.0, None
+    seed = [payload["round"], *points[0]["name"].encode()]  # fixed per process, so it cannot flake
     if os.environ.get("FAKE_MODE") == "procspeed":  # each process runs at its own speed, ±40%
-        seed = [payload["round"], *points[0]["name"].encode()]  # fixed per process, so it cannot flake
         speed = float(np.random.default_rng(seed).uniform(0.6, 1.4))
+    if os.environ.get("FAKE_MODE") == "procbandwidth":  # ...set by the memory bandwidth it gets, which the probe reads
+        gbs = float(np.random.default_rng([*seed, 1]).uniform(7.0, 13.0))
+        speed = 10.0 / gbs
     import harness.timing
 
     clock = FakeClock()
@@ -106,7 +109,7 @@ def fake_child(payload: dict) -> dict:
     ]  # fmt: skip
     rng = np.random.default_rng(payload["round"])
     results = {}
-    measured = measure_benches(benches, payload["samples"], payload["warmup"], rng, FakeProbe(payload["round"]))
+    measured = measure_benches(benches, payload["samples"], payload["warmup"], rng, FakeProbe(payload["round"], gbs))
     for p, result in zip(points, measured, strict=True):
         case = p["case"]
         n = len(result["step_ms_samples"])
@@ -126,12 +129,15 @@ def fake_child(payload: dict) -> dict:
 
 class FakeProbe:
     """The children's memory bandwidth probe: a steady 10 GB/s, or, when the neighbours' memory
-    traffic comes and goes (FAKE_MODE=bandwidth), 8 GB/s in even rounds and 12 in odd ones."""
+    traffic comes and goes (FAKE_MODE=bandwidth), 8 GB/s in even rounds and 12 in odd ones, or the
+    process's own bandwidth where it is given."""
 
-    def __init__(self, round_index: int) -> None:
-        self.round_index = round_index
+    def __init__(self, round_index: int, gbs: float | None = None) -> None:
+        self.round_index, self.gbs = round_index, gbs
 
     def read_gbs(self) -> float:
+        if self.gbs is not None:
+            return self.gbs
         if os.environ.get("FAKE_MODE") == "bandwidth":
             return 12.0 if self.round_index % 2 else 8.0
         return 10.0
@@ -490,6 +496,27 @@ def test_verdicts_pool_the_visit_noise_and_say_what_the_run_could_see(fake_env, 
     assert summary["detectable_effect_pct"] > 0 and summary["rounds_for_target_effect"] > 3
     text = " ".join(res.output.split())
     assert "visit-to-visit noise" in text and "1.10× would need" in text
+
+
+def test_the_bandwidth_probe_takes_its_share_of_the_visit_noise(fake_env, monkeypatch):
+    """Every process runs at the memory bandwidth it gets (7–13 GB/s), which the probe reads: the
+    comparisons adjust for it (ci_method pooled+probe), the noise after it is a fraction of the noise
+    before, the slope is −1, the points' own median CIs stay unadjusted, and the power line says so.
+    6 points × 3 rounds: 10 df, 9 after the probe (PROBE_MIN_DF)."""
+    monkeypatch.setenv("FAKE_MODE", "procbandwidth")
+    out = fake_env / "run"
+    args = ["--config", "*/kv-bf16/*", "--rounds", 3, "--samples", 4, "--warmup", 0, "--batch", 2, "--ctx", 64]
+    res = invoke(*args, "--out", out)
+    assert res.exit_code == 0, res.output
+    records = read_records(out)
+    assert {r["ci_method"] for r in records if r["kind"] == "ratio"} == {"pooled+probe"}
+    assert {r["ci_method"] for r in records if r["kind"] == "revalidate"} == {"pooled"}
+    (summary,) = [r for r in records if r["kind"] == "summary"]
+    assert summary["probe_used"] and summary["probe_slope"] == pytest.approx(-1.0, abs=0.15)
+    assert summary["visit_noise_pct"] < summary["visit_noise_before_probe_pct"] / 2 and summary["visit_noise_df"] == 9
+    donation = [r for r in records if r["kind"] == "ratio" and r["effect"] == "donation"]
+    assert donation and all(r["verdict"] == "faster" for r in donation)  # 2× in STEP_MS
+    assert "after the memory bandwidth probe took out its share" in " ".join(res.output.split())
 
 
 def test_aa_run_reports_false_positive_rate(fake_env):

@@ -132,3 +132,96 @@ def test_configurations_sharing_a_process_count_as_one():
     assert separate is not None and separate.df == 6
     assert noise.sigma == pytest.approx(separate.sigma * math.sqrt(6 / 4))
     assert noise.sigma_within == pytest.approx(separate.sigma_within)
+
+
+def _host_run(rng: np.random.Generator, levels: dict[str, float], rounds: int, *, bandwidth_sd: float = 0.10,
+              rest_sd: float = 0.04, probe_sd: float = 0.02, moves_probe: dict[str, float] | None = None,
+              samples: int = 5) -> tuple[dict[str, list[list[float]]], dict[str, list[list[float]]]]:
+    """(samples, probe readings) of configurations on a host whose memory bandwidth wanders from visit
+    to visit (sd `bandwidth_sd` on the log scale): a visit's steps take 1 / bandwidth longer (slope −1),
+    plus noise of their own (`rest_sd`); the probe reads the bandwidth with noise `probe_sd`, shifted by
+    `moves_probe[name]` (log) for a configuration that moves it."""  # fmt: skip
+    steps: dict[str, list[list[float]]] = {}
+    probe: dict[str, list[list[float]]] = {}
+    for name, level in levels.items():
+        steps[name], probe[name] = [], []
+        for _ in range(rounds):
+            bw = rng.normal(0.0, bandwidth_sd)
+            steps[name].append(list(level * np.exp(-bw + rng.normal(0.0, rest_sd) + rng.normal(0.0, 0.02, samples))))
+            shift = (moves_probe or {}).get(name, 0.0)
+            probe[name].append(list(20.0 * np.exp(bw + shift + rng.normal(0.0, probe_sd, samples))))
+    return steps, probe
+
+
+def test_probe_covariate_by_hand():
+    """The slope is the regression of the additive fit's residuals; the noise after it has one df fewer;
+    the ratio moves by slope × the configurations' probe difference and the interval widens by it."""
+    rng = np.random.default_rng(5)
+    steps, probe = _host_run(rng, {"a": 110.0, "b": 100.0, "c": 90.0, "d": 100.0}, rounds=5)
+    noise = pooled_noise(steps, probe=probe)
+    plain = pooled_noise(steps)
+    assert noise is not None and plain is not None and noise.probe is not None and noise.probe.used
+    y = np.log([[np.median(v) for v in steps[n]] for n in "abcd"])
+    x = np.log([[np.median(v) for v in probe[n]] for n in "abcd"])
+
+    def resid(m: np.ndarray) -> np.ndarray:
+        return m - m.mean(1, keepdims=True) - m.mean(0, keepdims=True) + m.mean()
+
+    ey, ex = resid(y), resid(x)
+    slope = (ey * ex).sum() / (ex**2).sum()
+    assert noise.probe.slope == pytest.approx(slope)
+    assert noise.df == plain.df - 1 == 11
+    assert noise.sigma == pytest.approx(math.sqrt(((ey - slope * ex) ** 2).sum() / 11))
+    assert noise.probe.sigma_before == pytest.approx(plain.sigma)
+    assert noise.sigma_within == pytest.approx(plain.sigma_within)  # absolute medians: not adjusted
+    cmp = compare_pooled("a", "b", noise, floor=0.02)
+    dx = x[0].mean() - x[1].mean()
+    center = (y[0] - y[1]).mean() - slope * dx
+    half = stats.t.ppf(0.975, 11) * noise.sigma * math.sqrt(2 / 5 + dx**2 / (ex**2).sum())
+    assert (cmp.ratio, cmp.ci_lo, cmp.ci_hi) == pytest.approx(
+        (math.exp(center), math.exp(center - half), math.exp(center + half))
+    )
+
+
+def test_probe_takes_out_the_host_bandwidth_and_stays_calibrated():
+    """300 simulated runs like `revalidate --all` (12 points × 3 rounds) on a host whose bandwidth moves
+    each visit by 10%: with the probe as covariate the noise falls to about the steps' own, an A/A pair
+    is called different in ≤ 5% of runs, and a real 1.12× effect is called faster far more often."""
+    rng = np.random.default_rng(6)
+    runs, false_calls, seen_plain, seen_probe, ratios = 300, 0, 0, 0, []
+    for _ in range(runs):
+        levels = {f"p{i:02d}": 100.0 for i in range(12)} | {"p11": 112.0}
+        steps, probe = _host_run(rng, levels, rounds=3)
+        noise, plain = pooled_noise(steps, probe=probe), pooled_noise(steps)
+        assert noise is not None and plain is not None and noise.probe is not None
+        ratios.append(noise.sigma / plain.sigma)
+        false_calls += compare_pooled("p00", "p01", noise, floor=0.02).word in ("faster", "slower")
+        seen_probe += compare_pooled("p11", "p02", noise, floor=0.02).word == "faster"
+        seen_plain += compare_pooled("p11", "p02", plain, floor=0.02).word == "faster"
+    assert false_calls / runs <= 0.05
+    assert np.median(ratios) < 0.6
+    assert seen_probe > 2 * seen_plain
+
+
+def test_a_probe_the_configurations_move_is_not_used():
+    """Where one configuration moves the probe itself (here by 15%), adjusting for it would take part of
+    that configuration's effect away: the F test sees it and the verdicts keep the plain noise."""
+    rng = np.random.default_rng(7)
+    steps, probe = _host_run(rng, {"copying": 130.0, "donated": 100.0}, rounds=20, moves_probe={"copying": -0.15})
+    noise, plain = pooled_noise(steps, probe=probe), pooled_noise(steps)
+    assert noise is not None and plain is not None and noise.probe is not None
+    assert not noise.probe.used and noise.probe.config_effect_p < 0.05
+    assert (noise.sigma, noise.df) == (plain.sigma, plain.df)
+    assert compare_pooled("copying", "donated", noise, floor=0.02) == compare_pooled("copying", "donated", plain, floor=0.02)
+
+
+def test_probe_is_ignored_without_readings_on_every_visit_with_shared_processes_or_few_df():
+    rng = np.random.default_rng(8)
+    small, small_probe = _host_run(rng, {"a": 100.0, "b": 90.0, "c": 100.0}, rounds=5)  # 8 df
+    assert pooled_noise(small, probe=small_probe).probe is None  # type: ignore[union-attr]
+    steps, probe = _host_run(rng, {"a1": 100.0, "a2": 90.0, "b1": 100.0, "b2": 90.0}, rounds=5)
+    assert pooled_noise(steps, probe=probe).probe is not None  # type: ignore[union-attr]
+    assert pooled_noise(steps, probe={**probe, "a1": [*probe["a1"][:2], [], *probe["a1"][3:]]}).probe is None  # type: ignore[union-attr]
+    assert pooled_noise(steps, probe={k: v for k, v in probe.items() if k != "b2"}).probe is None  # type: ignore[union-attr]
+    shared = pooled_noise(steps, {"a1": "A", "a2": "A", "b1": "B", "b2": "B"}, probe)
+    assert shared is not None and shared.probe is None and shared.covariates == 0
