@@ -55,6 +55,17 @@ def pairs(names: list[str]) -> list[tuple[str, str, str]]:
     return out
 
 
+def print_totals(totals: collections.Counter[str], methods: tuple[str, ...]) -> None:
+    """Over all runs, per method: null comparisons called faster/slower, donation and int8 KV called faster."""
+    for kind in ("null", "donation", "kv-int8"):
+        for method in methods:
+            n = totals[f"{kind} {method} n"]
+            if n:
+                what = "called faster/slower" if kind == "null" else "called faster"
+                k = totals[f"{kind} {method} called"] if kind == "null" else totals[f"{kind} {method} faster"]
+                print(f"{kind:9} {method:9}: {k:3} of {n:3} {what} ({100 * k / n:.1f}%)")
+
+
 def main(runs: list[Path]) -> None:
     totals: collections.Counter[str] = collections.Counter()
     by_kind: dict[str, list[float]] = collections.defaultdict(list)
@@ -88,13 +99,7 @@ def main(runs: list[Path]) -> None:
         print(f"{run.name:44} {noise.rounds:>2} {noise.configurations:>3} {100 * noise.sigma:>6.1f}  "
               f"{fmt(words['pooled']):17} {fmt(words['bootstrap'])}")  # fmt: skip
     print()
-    for kind in ("null", "donation", "kv-int8"):
-        for method in ("pooled", "bootstrap"):
-            n = totals[f"{kind} {method} n"]
-            if n:
-                what = "called faster/slower" if kind == "null" else "called faster"
-                k = totals[f"{kind} {method} called"] if kind == "null" else totals[f"{kind} {method} faster"]
-                print(f"{kind:9} {method:9}: {k:3} of {n:3} {what} ({100 * k / n:.1f}%)")
+    print_totals(totals, ("pooled", "bootstrap"))
     lines = [f"{kind:18} residual sd {100 * math.sqrt(np.mean(v)):.1f}% over {len(v)} configuration-runs"
              for kind, v in sorted(by_kind.items())]  # fmt: skip
     (HERE / "noise_by_kind.txt").write_text("\n".join(lines) + "\n")

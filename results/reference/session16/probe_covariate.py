@@ -23,7 +23,7 @@ from harness.visit_noise import compare_pooled, pooled_noise
 HERE = Path(__file__).resolve().parent
 REFERENCE = HERE.parent
 sys.path.insert(0, str(REFERENCE / "session15"))
-from reanalyse import pairs  # noqa: E402  (the effects re-judged, as session 15 paired them)
+from reanalyse import pairs, print_totals  # noqa: E402  (the effects re-judged, as session 15 paired them)
 
 WORDS = ("faster", "slower", "equivalent", "inconclusive")
 
@@ -69,13 +69,7 @@ def main(runs: list[Path]) -> None:
               f"{'/'.join(str(words['pooled'][w]) for w in WORDS):14}  "
               f"{'/'.join(str(words['+probe'][w]) for w in WORDS)}")  # fmt: skip
     print()
-    for kind in ("null", "donation", "kv-int8"):
-        for method in ("pooled", "+probe"):
-            n = totals[f"{kind} {method} n"]
-            if n:
-                what = "called faster/slower" if kind == "null" else "called faster"
-                k = totals[f"{kind} {method} called"] if kind == "null" else totals[f"{kind} {method} faster"]
-                print(f"{kind:9} {method:7}: {k:3} of {n:3} {what} ({100 * k / n:.1f}%)")
+    print_totals(totals, ("pooled", "+probe"))
 
 
 if __name__ == "__main__":
