@@ -162,8 +162,8 @@ class Ratio(Record):
     configuration is faster; with ``ci_method: "pooled"`` the ratio is the geometric mean over rounds of
     the per-round ratio of visit medians and ci95_lo/hi the block-design interval from the run's
     pooled visit noise (harness/visit_noise.py), with "pooled+probe" that ratio adjusted to equal
-    host memory bandwidth (the probe as the design's covariate); with "bootstrap" the ratio of pooled medians and a
-    paired hierarchical bootstrap over rounds and samples;
+    host memory bandwidth (the probe as the design's covariate); with "bootstrap" the ratio of
+    pooled medians and a paired hierarchical bootstrap over rounds and samples;
     verdict faster | slower | equivalent | inconclusive (runs made before interleaved rounds carry the
     2×IQR rule's real | within noise); rule_2iqr = that rule; noise_pct = the larger relative IQR."""
 

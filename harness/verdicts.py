@@ -8,10 +8,10 @@ quantized PLE table? Each is answered by pairing the two points that differ only
     CI      = sides measured in different processes: the block-design interval with the
               visit-to-visit noise pooled over the run's configurations (harness/visit_noise.py,
               ``ci_method: "pooled"``; "pooled+probe" where the memory bandwidth probe was its
-              covariate, the ratio then at equal host bandwidth); sides that shared a process (`same_process`), or a run with
-              nothing to pool: the paired hierarchical bootstrap over rounds and samples
-              (harness/compare.py, ``ci_method: "bootstrap"``). Both use the samples taken while
-              the host was quiet when every round keeps enough of them
+              covariate, the ratio then at equal host bandwidth); sides that shared a process
+              (`same_process`), or a run with nothing to pool: the paired hierarchical bootstrap
+              over rounds and samples (harness/compare.py, ``ci_method: "bootstrap"``). Both use
+              the samples taken while the host was quiet when every round keeps enough of them
     verdict = faster | slower | equivalent | inconclusive   (practical floor, default 2%)
     rule_2iqr = the reference article's "real" / "within noise" (|ratio − 1| > 2 × the larger
               relative IQR), kept as a column to read against its tables

@@ -39,7 +39,7 @@ processes are judged here (a shared pair's own bootstrap pairs its samples).
 **The memory bandwidth probe as a covariate.** Much of that visit noise is the host's memory
 bandwidth: on the CPU every visit also reads a bandwidth probe between its timing windows
 (harness/hostload.py), and where the step streams memory (E2B) a visit's log median follows the
-probe's log median with a slope near −1 (r −0.5 to −0.9 in the 7 recorded E2B runs with it). Since
+probe's log median with a slope near −1 (r −0.5 to −0.9 in the 9 recorded E2B runs with it). Since
 the visits are randomized and the probe is the host's, not the configuration's, it is a covariate
 of the block design (analysis of covariance)::
 
@@ -50,13 +50,14 @@ of the block design (analysis of covariance)::
     ratio  = exp(mean d − beta · (xbar[a] − xbar[b]))         the ratio at equal host bandwidth
     CI     = exp(log ratio ± t(0.975, df − 1) · sigma · sqrt(2 / R + (xbar[a] − xbar[b])² / Sxx))
 
-It took the pooled noise of those runs from 9.1–16.5% to 6.1–11.8%
+It took the pooled noise of those runs from 8.2–16.5% to 4.8–11.8%
 (results/reference/session16/probe_covariate.txt). It is used only where it is a host measure and
-there is room for it: every configuration in its own process, probe readings on every visit, at least
-PROBE_MIN_DF degrees of freedom, and no configuration effect
-on the probe (F test of the configuration means of x, p ≥ PROBE_CONFIG_EFFECT_P; a configuration
-that moved the probe would make the adjustment take part of its own effect away). A configuration's
-absolute median CI stays unadjusted: the host's bandwidth is part of what a user's step costs.
+there is room for it: every configuration in its own process, probe readings on every visit, at
+least PROBE_MIN_DF degrees of freedom, and no configuration effect on the probe (F test of the
+configuration means of x, p ≥ PROBE_CONFIG_EFFECT_P: a configuration that moved the probe would
+make the adjustment take part of its own effect away; copying steps at small b32 ctx8192 read it
+0.9–5.9% lower than donated ones). A configuration's absolute median CI stays unadjusted: the
+host's bandwidth is part of what a user's step costs.
 
 The words are harness/compare.py's (`word_for`, practical floor). Power (`Power`): the smallest
 speedup the run calls *faster* with 80% probability, and the rounds that a 10% effect or a ±2%
@@ -64,8 +65,9 @@ median CI would need at this noise — so a run that cannot see the effect it is
 and how much longer it would have to run.
 
 Data flow: harness/verdicts.py hands `pooled_noise` the per-visit samples of every configuration
-(the samples taken while the host was busy left out, as for the verdicts), the process groups
-of those that shared one and the visits' probe readings; `compare_pooled` judges each pair from different processes; pairs from
+(the samples taken while the host was busy left out, as for the verdicts), the process groups of
+those that shared one and the visits' probe readings; `compare_pooled` judges each pair from
+different processes; pairs from
 one process keep the paired bootstrap (harness/compare.py). harness/revalidate_records.py reads
 `Power` into the run summary.
 """
