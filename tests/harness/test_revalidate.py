@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -337,15 +338,20 @@ def test_rounds_are_added_while_another_fits_in_the_budget(fake_env, monkeypatch
     assert not (fake_env / "ran.txt").exists()  # a resumed run finishes its rounds and adds none
 
 
+def _three_round_run(fake_env, monkeypatch, mode: str, config: str) -> tuple[Any, list[dict]]:
+    """(the CLI result, the records) of a 3-round run of `config` on the fake host `mode`."""
+    monkeypatch.setenv("FAKE_MODE", mode)
+    out = fake_env / "run"
+    args = ["--config", config, "--rounds", 3, "--samples", 4, "--warmup", 0, "--batch", 2, "--ctx", 64]
+    res = invoke(*args, "--out", out)
+    assert res.exit_code == 0, res.output
+    return res, read_records(out)
+
+
 def test_verdicts_pool_the_visit_noise_and_say_what_the_run_could_see(fake_env, monkeypatch):
     """Separate visits: every comparison's CI comes from the noise pooled over the run's points (4 points
     × 3 rounds: 6 df), the points' median CIs too, and the summary prints the power line."""
-    monkeypatch.setenv("FAKE_MODE", "procspeed")
-    out = fake_env / "run"
-    args = ["--config", "ple-bf16/*", "--rounds", 3, "--samples", 4, "--warmup", 0, "--batch", 2, "--ctx", 64]
-    res = invoke(*args, "--out", out)
-    assert res.exit_code == 0, res.output
-    records = read_records(out)
+    res, records = _three_round_run(fake_env, monkeypatch, "procspeed", "ple-bf16/*")
     assert {r["ci_method"] for r in records if r["kind"] in ("ratio", "revalidate")} == {"pooled"}
     (summary,) = [r for r in records if r["kind"] == "summary"]
     assert summary["visit_noise_df"] == 6 and summary["visit_noise_pct"] > 5  # ±40% per process
@@ -359,12 +365,7 @@ def test_the_bandwidth_probe_takes_its_share_of_the_visit_noise(fake_env, monkey
     comparisons adjust for it (ci_method pooled+probe), the noise after it is a fraction of the noise
     before, the slope is −1, the points' own median CIs stay unadjusted, and the power line says so.
     6 points × 3 rounds: 10 df, 9 after the probe (PROBE_MIN_DF)."""
-    monkeypatch.setenv("FAKE_MODE", "procbandwidth")
-    out = fake_env / "run"
-    args = ["--config", "*/kv-bf16/*", "--rounds", 3, "--samples", 4, "--warmup", 0, "--batch", 2, "--ctx", 64]
-    res = invoke(*args, "--out", out)
-    assert res.exit_code == 0, res.output
-    records = read_records(out)
+    res, records = _three_round_run(fake_env, monkeypatch, "procbandwidth", "*/kv-bf16/*")
     assert {r["ci_method"] for r in records if r["kind"] == "ratio"} == {"pooled+probe"}
     assert {r["ci_method"] for r in records if r["kind"] == "revalidate"} == {"pooled"}
     (summary,) = [r for r in records if r["kind"] == "summary"]
