@@ -21,7 +21,7 @@ with other_cores and steal near zero, and a one-thread 1 GiB read timed between 
 (r = 0.45–0.68; results/reference/session13/drift_probe.txt). So on the CPU each timing window
 also times `MemoryProbe`, a read of `PROBE_BYTES` held by the child (harness/timing.py), and the
 run summary says how far that bandwidth wandered and how much of the step-time spread it explains
-(harness/revalidate_records.py). It is reported, not subtracted: the verdicts use the step times as
+(harness/revalidate/records.py). It is reported, not subtracted: the verdicts use the step times as
 measured. A host counts as quiet only when the
 probe's readings also stayed within `STEADY_BANDWIDTH_IQR_PCT` (relative IQR over the run): the
 session-13 `revalidate --all` flagged 6 of 180 samples by CPU time alone while the probe wandered

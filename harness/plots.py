@@ -31,7 +31,7 @@ from harness.results import is_failure
 
 Plotter = Callable[[Sequence[dict[str, Any]], Path, Path, Any], list[Path]]
 # Modules that register plotters for their own record kinds (imported on demand by plot_run).
-PLUGINS = ("harness.capacity_report", "harness.load.plots")
+PLUGINS = ("harness.capacity.report", "harness.load.plots")
 PLOTTERS: dict[str, Plotter] = {}
 # Kinds that ride along with another kind's figures rather than getting their own.
 COMPANION_KINDS = {"ratio": "revalidate", "summary": "revalidate"}

@@ -2,8 +2,8 @@
 
 Every line of a run folder's results.jsonl is one of these models (field names carry the units:
 ``step_ms_median``, ``agg_tok_per_s``, ``weights_bytes``). The writers still build plain dicts
-(harness/revalidate_records.py, verdicts.py, roofline.py, capacity.py, capacity_run.py,
-load/report.py); harness/results.py validates each against harness/schema/result.schema.json,
+(harness/revalidate/records.py and verdicts.py, harness/roofline/main.py, harness/capacity/probes.py
+and main.py, harness/load/report.py); harness/results.py validates each against harness/schema/result.schema.json,
 which `record_schema` generates from the models below (`python -m harness.records` rewrites it;
 tests/harness/test_records.py fails when the committed file is stale).
 
@@ -151,17 +151,17 @@ class RevalidateMeasurement(_DecodeStats):
     ci_method: Literal["pooled", "bootstrap"] | Omit = Field(
         default=None,
         description="pooled: the run's visit-to-visit noise pooled over its configurations "
-        "(harness/visit_noise.py); bootstrap: hierarchical bootstrap over this point's rounds and samples",
+        "(harness/revalidate/visit_noise.py); bootstrap: hierarchical bootstrap over this point's rounds and samples",
     )
 
 
 class Ratio(Record):
-    """A within-run comparison of two configurations (harness/verdicts.py).
+    """A within-run comparison of two configurations (harness/revalidate/verdicts.py).
 
     ratio = median(numerator) / median(denominator) step time, so ratio > 1 means the denominator
     configuration is faster; with ``ci_method: "pooled"`` the ratio is the geometric mean over rounds of
     the per-round ratio of visit medians and ci95_lo/hi the block-design interval from the run's
-    pooled visit noise (harness/visit_noise.py), with "pooled+probe" that ratio adjusted to equal
+    pooled visit noise (harness/revalidate/visit_noise.py), with "pooled+probe" that ratio adjusted to equal
     host memory bandwidth (the probe as the design's covariate); with "bootstrap" the ratio of
     pooled medians and a paired hierarchical bootstrap over rounds and samples;
     verdict faster | slower | equivalent | inconclusive (runs made before interleaved rounds carry the
@@ -193,7 +193,7 @@ class Ratio(Record):
         default=None,
         description="pooled: the run's visit-to-visit noise pooled over its configurations; pooled+probe: "
         "the same with the memory bandwidth probe as a covariate (the ratio at equal host bandwidth; "
-        "harness/visit_noise.py); bootstrap: paired hierarchical bootstrap over rounds and samples",
+        "harness/revalidate/visit_noise.py); bootstrap: paired hierarchical bootstrap over rounds and samples",
     )
 
 
@@ -222,7 +222,7 @@ class RunSummary(Record):
     visit_noise_pct: NonNeg | Omit = Field(
         default=None,
         description="sd (%) of a visit's log median step time after configuration and round effects, pooled "
-        "over the run's configurations measured in their own processes (harness/visit_noise.py)",
+        "over the run's configurations measured in their own processes (harness/revalidate/visit_noise.py)",
     )
     visit_noise_df: PosInt | Omit = None
     visit_noise_before_probe_pct: NonNeg | Omit = Field(
@@ -352,7 +352,7 @@ class CapacityCeiling(Record):
 
 
 class CapacityLatency(Record):
-    """A ceiling read against a TPOT objective (harness/capacity_latency.py)."""
+    """A ceiling read against a TPOT objective (harness/capacity/latency.py)."""
 
     kind: Literal["capacity"]
     record: Literal["latency"]
@@ -363,7 +363,7 @@ class CapacityLatency(Record):
 
 
 class CapacityAdmission(Record):
-    """Whether N agents at a context fit under a ceiling's memory (harness/admission.py)."""
+    """Whether N agents at a context fit under a ceiling's memory (harness/capacity/admission.py)."""
 
     kind: Literal["capacity"]
     record: Literal["admission"]
@@ -389,7 +389,7 @@ class ServeLoadLevel(Record):
 
 
 class EngineStep(Record):
-    """One engine call shape timed by `g4bench engine-steps` (harness/engine_steps.py): the served
+    """One engine call shape timed by `g4bench engine-steps` (harness/calibrate/engine_steps.py): the served
     engine's own prefill or decode call, the simulator's calibration input."""
 
     kind: Literal["engine-steps"]

@@ -90,3 +90,19 @@ def test_no_import_cycles():
     # a package's __init__ importing its own submodules is not a cycle of concepts
     cycles = [c for c in cycles if not any(b.startswith(a + ".") for a, b in zip(c, c[1:], strict=False))]
     assert cycles == []
+
+
+def test_the_harness_core_is_small_and_rooms_carry_no_family_prefix():
+    """harness/ holds a small measurement core and one subpackage per capability (issue: rooms).
+
+    A module named after a room at the top level (capacity_x.py beside capacity/) is the prefix
+    family this layout replaced; it belongs inside the room.
+    """
+    top = sorted(p.stem for p in (ROOT / "harness").glob("*.py"))
+    rooms = sorted(p.name for p in (ROOT / "harness").iterdir() if (p / "__init__.py").is_file())
+    assert len(top) <= 12, top
+    assert {"revalidate", "capacity", "roofline", "calibrate", "load", "sim", "checks"} <= set(rooms)
+    families = [m for m in top for r in rooms if m == r or m.startswith(r + "_")]
+    assert families == []
+    inside = [f"{r}/{p.stem}" for r in rooms for p in (ROOT / "harness" / r).glob("*.py") if p.stem.startswith(r + "_")]
+    assert inside == []

@@ -1,4 +1,4 @@
-"""`g4bench calibrate`: fit a step-time profile from measured runs (thin; see harness/calibrate.py)."""
+"""`g4bench calibrate`: fit a step-time profile from measured runs (thin; see harness/calibrate/main.py)."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ def calibrate(
         Path | None, typer.Option(help="Profile path. (default: configs/profiles/<device>.toml)")
     ] = None,
 ) -> None:
-    """Fit the decode step-time model (harness/steptime.py) and print residuals, leave-one-out and held-out errors."""
+    """Fit the decode step-time model (harness/calibrate/steptime.py) and print residuals, leave-one-out and held-out errors."""
     from rich.console import Console
 
-    from harness.calibrate import CalibrateError, run_calibrate
+    from harness.calibrate.main import CalibrateError, run_calibrate
 
     console = Console(stderr=True)
     try:

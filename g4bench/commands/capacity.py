@@ -1,6 +1,6 @@
 """`g4bench capacity`: bisected residency ceilings, run on the local device or compiled for a TPU target.
 
-Thin: maps options onto `harness.capacity_run.run_capacity`; exit 0 when every configuration was
+Thin: maps options onto `harness.capacity.main.run_capacity`; exit 0 when every configuration was
 searched, 1 when some search stopped on a real error (recorded, the run went on), 2 on an
 unusable request.
 """
@@ -81,7 +81,7 @@ def capacity(
 
     from rich.console import Console
 
-    from harness.capacity_run import CapacityError, CapacityRequest, run_capacity
+    from harness.capacity.main import CapacityError, CapacityRequest, run_capacity
     from harness.run import KV_LAYOUTS
 
     console = Console(stderr=True)

@@ -1,4 +1,4 @@
-"""`g4bench constraint-cost`: TPOT with vs without a JSON-schema constraint (harness/constraint_cost.py)."""
+"""`g4bench constraint-cost`: TPOT with vs without a JSON-schema constraint (harness/load/constraint_cost.py)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ def constraint_cost(
 
     from rich.console import Console
 
-    from harness.constraint_cost import CostSettings, run_constraint_cost
     from harness.env import host_env
+    from harness.load.constraint_cost import CostSettings, run_constraint_cost
     from harness.results import create_run_dir
 
     console = Console(stderr=True)

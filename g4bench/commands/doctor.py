@@ -1,6 +1,6 @@
 """`g4bench doctor`: what this machine can run (device, memory, versions, bandwidth, compiles), one table.
 
-Thin: runs `harness.doctor.run_doctor`, prints its rows as a rich table on stderr, optionally writes
+Thin: runs `harness.checks.doctor.run_doctor`, prints its rows as a rich table on stderr, optionally writes
 them as JSON (--out), and exits 1 when any check failed (0 otherwise; warnings and skips are fine).
 """
 
@@ -32,7 +32,7 @@ def doctor(
     from rich.console import Console
     from rich.table import Table
 
-    from harness.doctor import run_doctor
+    from harness.checks.doctor import run_doctor
 
     console = Console(stderr=True)
     report = run_doctor(

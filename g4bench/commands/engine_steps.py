@@ -1,5 +1,5 @@
 """`g4bench engine-steps`: time the serving engine's prefill and decode calls at every bucket shape
-(the simulator's inputs; fit them with `g4bench calibrate RUN_DIR`). Thin: see harness/engine_steps.py."""
+(the simulator's inputs; fit them with `g4bench calibrate RUN_DIR`). Thin: see harness/calibrate/engine_steps.py."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def engine_steps(
     """Measure Engine.prefill / Engine.decode per shape, as served (paged KV, chunk buckets, KV buckets)."""
     from rich.console import Console
 
-    from harness.engine_steps import EngineStepsSettings, run_engine_steps
+    from harness.calibrate.engine_steps import EngineStepsSettings, run_engine_steps
     from harness.results import create_run_dir, is_failure
 
     console = Console(stderr=True)

@@ -1,6 +1,6 @@
 """`g4bench gate`: fail CI on a real regression against a committed baseline run.
 
-Thin: calls `harness.gate.gate_runs` and maps its report onto exit codes: 0 no regression,
+Thin: calls `harness.checks.gate.gate_runs` and maps its report onto exit codes: 0 no regression,
 1 a regression (real by the noise rule and beyond the floor, or a configuration that now fails),
 2 unusable input.
 """
@@ -32,7 +32,7 @@ def gate(
     """
     from rich.console import Console
 
-    from harness.gate import GateError, gate_runs, parse_floor, render_report
+    from harness.checks.gate import GateError, gate_runs, parse_floor, render_report
 
     console = Console(stderr=True)
     try:

@@ -45,7 +45,7 @@ def plan(
 
     from rich.console import Console
 
-    from harness.calibrate import CalibrateError
+    from harness.calibrate.main import CalibrateError
     from harness.load.slo import load_slo
     from harness.results import create_run_dir
     from harness.sim import planner

@@ -1,6 +1,6 @@
 """`g4bench revalidate`: the decode-step grid in interleaved fresh-process rounds, verdicts with CIs.
 
-Thin: maps options onto `harness.revalidate.run_revalidate` and its outcome onto exit codes
+Thin: maps options onto `harness.revalidate.main.run_revalidate` and its outcome onto exit codes
 (0 all measured, 1 some configuration failed (recorded, the sweep went on), 2 unusable request).
 """
 
@@ -133,7 +133,7 @@ def revalidate(
     from rich.console import Console
 
     from g4bench.commands.options import int_list, str_list
-    from harness.revalidate import RevalidateError, RevalidateRequest, run_revalidate
+    from harness.revalidate.main import RevalidateError, RevalidateRequest, run_revalidate
 
     console = Console(stderr=True)
     if all_ and config:

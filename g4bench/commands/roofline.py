@@ -1,6 +1,6 @@
 """`g4bench roofline`: the decode step against the device's calibrated streaming bandwidth.
 
-Thin: parses options onto `harness.roofline.run_roofline` and its outcome onto exit codes
+Thin: parses options onto `harness.roofline.main.run_roofline` and its outcome onto exit codes
 (0 all measured, 1 some child failed (recorded), 2 unusable request).
 """
 
@@ -73,7 +73,7 @@ def roofline(
     from rich.console import Console
 
     from g4bench.commands.options import int_list
-    from harness.roofline import RooflineError, RooflineRequest, run_roofline
+    from harness.roofline.main import RooflineError, RooflineRequest, run_roofline
 
     console = Console(stderr=True)
     request = RooflineRequest(

@@ -2,7 +2,7 @@
 
 `--checkpoint DIR` verifies a checkpoint (BF16, f32 or compressed-tensors W4A16); `--config FILE`
 (or a preset name) writes synthetic random weights to a temporary checkpoint first. The work is
-`harness.verify`; this command prints its report (rich, stderr): max |Δlogit| over the prompt
+`harness.checks.verify`; this command prints its report (rich, stderr): max |Δlogit| over the prompt
 positions (summarized) and at every decode step, transformers' own float32 error on the same
 positions (the floor), the tolerance that follows (max(--tolerance, 2 × floor)), and greedy
 agreement.
@@ -60,7 +60,7 @@ def verify(
         )
         raise typer.Exit(code=2)
 
-    from harness.verify import PARITY_INSTALL_HINT, verify_checkpoint, verify_config
+    from harness.checks.verify import PARITY_INSTALL_HINT, verify_checkpoint, verify_config
 
     kwargs: dict[str, Any] = dict(
         prompt_len=prompt_len,

@@ -194,7 +194,7 @@ def make_decode_bench(
 ) -> DecodeBench:
     """A benchmark of `case`; nothing is allocated until `compile()`. `compute_dtype` and
     `attention_block` default to the engine's on this host's platform (engine.py); a program compiled
-    for another target passes that target's (harness/aot.py)."""
+    for another target passes that target's (harness/capacity/aot.py)."""
     if case.ctx < 1 or case.batch < 1:
         raise ValueError(f"batch and ctx must be positive, got batch={case.batch} ctx={case.ctx}")
     return DecodeBench(

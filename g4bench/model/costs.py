@@ -29,7 +29,7 @@ Activations of width H are left out (kilobytes). FLOPs: 2·rows·(linear weights
 attention 2·2·queries·heads·hd·keys per layer + LM head 2·rows·H·V; shared layers in a prefill that
 only needs the next token run on the last position alone (forward.py), and that is counted too.
 
-Used by `g4bench roofline` (harness/roofline.py), and by capacity and plots.
+Used by `g4bench roofline` (harness/roofline/main.py), and by capacity and plots.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ setting, then chips and dollars for N agents.
 
 Data flow, for each knob setting (KV dtype × ring/full sliding KV × max slots)::
 
-    memory ceiling  = admission arithmetic (harness/admission.py): ⌊(limit − overhead) ÷ row(C)⌋
+    memory ceiling  = admission arithmetic (harness/capacity/admission.py): ⌊(limit − overhead) ÷ row(C)⌋
                       row(C) = cache bytes of one agent at the workload's largest context C,
                       overhead = a capacity run's compiled non-KV bytes when given, else the weights
     SLO ceiling     = binary search over n ∈ [1, memory ceiling]: simulate n agents (one task each,
@@ -71,7 +71,7 @@ class Sizing:
 
 def memory_ceiling(model: str, knobs: Knobs, ctx: int, limit: int, overhead: int) -> int:
     """Agents whose KV at context `ctx` fits beside `overhead` bytes (admission.admission_cell)."""
-    from harness.admission import admission_cell, row_bytes
+    from harness.capacity.admission import admission_cell, row_bytes
 
     row = row_bytes(model, knobs.kv_dtype, knobs.sliding_kv, ctx)
     return int(admission_cell(overhead, row, 1, limit)["max_agents"])

@@ -31,7 +31,7 @@ LOCAL_PROFILE = "cpu-2core-engine"
 class Target:
     id: str
     hardware: Any
-    profile: Any  # harness.steptime.Profile | None
+    profile: Any  # harness.calibrate.steptime.Profile | None
     model: str
     fmt: Any  # WeightFormat
     limit_bytes: int
@@ -67,7 +67,7 @@ def _band(profile: Any) -> str:
 def resolve_target(target: str, profile: str | None = None, model: str | None = None) -> Target:
     """Hardware, profile, model and weight format for `target` (see the module docstring)."""
     from g4bench.model.params import WeightFormat
-    from harness.calibrate import load_profile
+    from harness.calibrate.main import load_profile
     from harness.hardware import load_hardware
 
     hw_id = ALIASES.get(target, target)
@@ -139,7 +139,7 @@ def run_fleet(target: Target, workload: Any, slo: Any, knobs: list[Knobs], agent
         f"{workload.output_len}, tool result {workload.tool_result_tokens}, shared prefix {workload.prefix_len} → "
         f"context up to {ctx} (server max_len {max_len}); one task per agent, closed loop",
         f"SLO {slo.describe()}; an agent count passes when task SLO attainment ≥ {slo.attainment_target:g}",
-        f"memory ceiling: admission arithmetic (harness/admission.py), overhead {overhead[0] / 2**30:.2f} GiB from {overhead[1]}; "
+        f"memory ceiling: admission arithmetic (harness/capacity/admission.py), overhead {overhead[0] / 2**30:.2f} GiB from {overhead[1]}; "
         "block rounding and the cached-window reserve not counted",
         "engine: paged KV, chunk 256, the real Scheduler (continuous batching, chunked prefill, prefix reuse); "
         "HTTP and client overheads not modelled",

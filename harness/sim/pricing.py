@@ -7,7 +7,7 @@ Data flow: an `EngineCall` (g4bench/engine/virtual_engine.py: program, rows, chu
 bucket) → its bytes and FLOPs from g4bench.model.costs (`decode_cost` at rows = max_slots,
 `prefill_cost` at the chunk bucket; the logical contiguous layout with the engine's KV dtype and
 ring/full sliding KV: a paged read gathers the same positions) → the profile's fitted model for
-that program (harness/steptime.py) → milliseconds. Shapes repeat (a few buckets), so each is
+that program (harness/calibrate/steptime.py) → milliseconds. Shapes repeat (a few buckets), so each is
 priced once.
 
 When the profile has no model for a program, the call is priced by the profile's *decode* model
@@ -24,7 +24,7 @@ from functools import lru_cache
 from typing import Any
 
 from g4bench.engine.virtual_engine import EngineCall
-from harness.steptime import Profile, StepModel
+from harness.calibrate.steptime import Profile, StepModel
 
 
 @dataclass

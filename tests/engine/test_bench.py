@@ -53,7 +53,7 @@ def test_rejects_empty_case():
 
 def test_bench_runs_the_engines_attention_unless_told():
     """The bench times the engine's decode program: key-blocked attention where the engine uses it
-    (the CPU), one pass where told (harness/aot.py for an accelerator target); a bad block is refused."""
+    (the CPU), one pass where told (harness/capacity/aot.py for an accelerator target); a bad block is refused."""
     case = DecodeCase(model="tiny-a", batch=2, ctx=64)
     assert make_decode_bench(case).attention_block == platform_attention_block()
     assert make_decode_bench(case, attention_block=None).attention_block is None

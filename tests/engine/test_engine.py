@@ -1,7 +1,7 @@
 """Engine self-consistency on tiny-a (no torch): every path the engine can take to a logit agrees with
 one unpadded full forward over the same tokens.
 
-Weights: random f32 with the reference's scales (harness/parity.py: linears 0.08·N, embeddings
+Weights: random f32 with the reference's scales (harness/checks/parity.py: linears 0.08·N, embeddings
 0.3·N, norms 1 + 0.1·N, q/k norms 0.3 + 0.05·N, layer scalars U[0.3, 1]) so attention is far from
 uniform and logits spread over ±10: a wrong mask or position moves them visibly.
 

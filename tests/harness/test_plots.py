@@ -9,9 +9,9 @@ from g4bench.cli import app
 from harness.env import host_env, merge_device
 from harness.plots import PLOTTERS, plot_run, register_plotter
 from harness.results import append_record, make_record
-from harness.revalidate import Point, SweepConfig, SweepSettings
-from harness.revalidate_records import measurement_record as _measurement_record
-from harness.verdicts import ratio_records
+from harness.revalidate.main import Point, SweepConfig, SweepSettings
+from harness.revalidate.records import measurement_record as _measurement_record
+from harness.revalidate.verdicts import ratio_records
 
 SETTINGS = SweepSettings(model="e2b", batches=(4,), ctxs=(4096,), rounds=1, samples=5, warmup=1)
 

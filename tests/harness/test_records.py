@@ -8,7 +8,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from harness.gate import gate_runs
+from harness.checks.gate import gate_runs
 from harness.records import SCHEMA_PATH, SELECTORS, Failure, record_schema, schema_text
 from harness.results import RecordError, make_record, read_records, validate_record
 

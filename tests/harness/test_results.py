@@ -25,9 +25,9 @@ from harness.results import (
     write_command,
     write_summary,
 )
-from harness.revalidate import Point, SweepConfig, SweepSettings
-from harness.revalidate_records import measurement_record as _measurement_record
-from harness.verdicts import ratio_records
+from harness.revalidate.main import Point, SweepConfig, SweepSettings
+from harness.revalidate.records import measurement_record as _measurement_record
+from harness.revalidate.verdicts import ratio_records
 
 ENV = merge_device(
     host_env({"x": 1}, git_rev="abc1234"), {"platform": "cpu", "device_kind": "cpu", "device_count": 1}

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from harness.capacity_run import CapacityError
+from harness.capacity.main import CapacityError
 from harness.results import RecordError, read_records, validate_record
-from harness.revalidate import CPU_DEFAULTS as REVALIDATE_CPU
-from harness.revalidate import RevalidateError
-from harness.roofline import CPU_DEFAULTS as ROOFLINE_CPU
-from harness.roofline import RooflineError, RooflineRequest, run_roofline
+from harness.revalidate.main import CPU_DEFAULTS as REVALIDATE_CPU
+from harness.revalidate.main import RevalidateError
+from harness.roofline.main import CPU_DEFAULTS as ROOFLINE_CPU
+from harness.roofline.main import RooflineError, RooflineRequest, run_roofline
 from harness.run import CHILD_TIMEOUT_S, CPU_LAYERS, RequestError, finish, open_run, probe
 
 HERE = Path(__file__).resolve()
@@ -141,8 +141,8 @@ def test_policies_live_in_one_place():
     assert REVALIDATE_CPU.layers == ROOFLINE_CPU["layers"] == CPU_LAYERS
     assert issubclass(RevalidateError, RequestError) and issubclass(RooflineError, RequestError)
     assert issubclass(CapacityError, RequestError)
-    from harness.revalidate import SweepSettings
-    from harness.roofline import RooflineSettings
+    from harness.revalidate.main import SweepSettings
+    from harness.roofline.main import RooflineSettings
 
     assert SweepSettings.__dataclass_fields__["timeout_s"].default == CHILD_TIMEOUT_S
     assert RooflineSettings.__dataclass_fields__["timeout_s"].default == CHILD_TIMEOUT_S
@@ -150,11 +150,11 @@ def test_policies_live_in_one_place():
 
 def test_roofline_runs_through_the_lifecycle(tmp_path, monkeypatch):
     """Probe, folder, children, records, summary and the bandwidth figure, with fake children."""
-    import harness.roofline
+    import harness.roofline.main
 
     monkeypatch.setattr("harness.run.probe", lambda target="": dict(DEVICE))
-    monkeypatch.setattr(harness.roofline, "CALIBRATE_TARGET", f"{HERE}:fake_calibrate")
-    monkeypatch.setattr(harness.roofline, "STEP_TARGET", f"{HERE}:fake_step")
+    monkeypatch.setattr(harness.roofline.main, "CALIBRATE_TARGET", f"{HERE}:fake_calibrate")
+    monkeypatch.setattr(harness.roofline.main, "STEP_TARGET", f"{HERE}:fake_step")
     out = tmp_path / "run"
     request = RooflineRequest(model="tiny-a", batches=(1,), ctxs=(64, 256), samples=3, breakdown=False)
     outcome = run_roofline(

@@ -26,7 +26,7 @@ from g4bench.model.checkpoint import CheckpointError, detect_format, load_checkp
 from g4bench.model.config import CONFIG_DIR  # noqa: E402
 from g4bench.model.params import WeightFormat  # noqa: E402
 from g4bench.model.quant import unpack_int4_np  # noqa: E402
-from harness import parity  # noqa: E402
+from harness.checks import parity  # noqa: E402
 
 F32 = WeightFormat(layers="f32", ple="f32", embed="f32")
 FILE = "model.safetensors"

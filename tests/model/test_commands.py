@@ -58,7 +58,7 @@ def test_verify_beyond_tolerance_exits_1(monkeypatch):
     """The exit code follows the report (a stub report: the real comparison is tested above)."""
     import numpy as np
 
-    import harness.verify as hv
+    import harness.checks.verify as hv
 
     def fake(config, **kwargs):
         return hv.VerifyReport(

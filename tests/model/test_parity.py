@@ -41,7 +41,7 @@ from g4bench.model.forward import forward  # noqa: E402
 from g4bench.model.kv_cache import CacheLayout, init_cache  # noqa: E402
 from g4bench.model.params import WeightFormat  # noqa: E402
 from g4bench.model.quant import dequantize_w4a16_np, unpack_w4a16  # noqa: E402
-from harness import parity  # noqa: E402
+from harness.checks import parity  # noqa: E402
 
 TOL = 1e-4
 PROMPT, STEPS, CHUNK = 40, 24, 5

@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from harness.compare import compare_rounds
 from harness.visit_noise import compare_pooled, pooled_noise
 

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from harness.visit_noise import compare_pooled, pooled_noise
 
 HERE = Path(__file__).resolve().parent

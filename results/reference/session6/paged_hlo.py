@@ -16,7 +16,6 @@ import re
 import sys
 
 import jax.numpy as jnp
-
 from harness.aot import cost_fields, memory_fields, program_for, target_device
 
 target = sys.argv[1] if len(sys.argv) > 1 else "local"

@@ -1,0 +1,23 @@
+"""constraint-cost on the tiny model: both variants run exactly max_tokens tokens per request, the
+rounds interleave the variants, and the mask counters cover the constrained steps."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("g4bench.engine.engine")
+
+from harness.load.constraint_cost import CostSettings, run_constraint_cost  # noqa: E402
+
+
+def test_constraint_cost_record_on_tiny():
+    s = CostSettings(model="tiny-a", concurrencies=(1, 2), rounds=2, max_tokens=8, prompt_len=16, max_len=128)
+    rec = run_constraint_cost(s)
+    assert [lv["concurrency"] for lv in rec["levels"]] == [1, 2]
+    for lv in rec["levels"]:
+        assert len(lv["rounds"]) == 2
+        for r in lv["rounds"]:
+            assert sorted(r["order"]) == ["free", "json"]
+            assert r["ratio"] == pytest.approx(r["json_tpot_ms"] / r["free_tpot_ms"])
+            assert r["mask_fill_ms_per_step"] > 0 and r["mask_wait_ms_per_step"] >= 0
+        assert lv["ratio_min"] <= lv["ratio_median"] <= lv["ratio_max"]
