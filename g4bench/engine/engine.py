@@ -98,6 +98,11 @@ class EngineConfig:
     block_size: int = 16
     kv_blocks: int | None = None  # paged "full"-group blocks; None: max_slots × max_len / block_size
     cached_windows: int = 4  # paged: cached sliding windows per slot, beyond the running sequences'
+    # One call's token budget (decode rows + prefill tokens) and how the scheduler fills it:
+    # "mixed" (decode + budgeted chunks of several prompts in one call) or "chunk" (one prefill
+    # chunk per loop turn beside a separate decode call). See g4bench/engine/served_step.py.
+    max_batched_tokens: int = 512
+    prefill_policy: str = "mixed"
     # Decode also returns its f32 [slots, V] logits (Engine.last_logits: tests, verify). Off when
     # serving: at 170 slots × 262,144 that output alone is 0.18 GB of HBM that could hold KV.
     keep_logits: bool = False
@@ -107,6 +112,10 @@ class EngineConfig:
             raise ValueError(f"sliding_kv must be 'ring' or 'full', got {self.sliding_kv!r}")
         if self.kv_layout not in ("paged", "contiguous"):
             raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
+        if self.prefill_policy not in ("mixed", "chunk"):
+            raise ValueError(f"prefill_policy must be 'mixed' or 'chunk', got {self.prefill_policy!r}")
+        if self.max_batched_tokens < 1:
+            raise ValueError(f"max_batched_tokens must be positive, got {self.max_batched_tokens}")
         if self.max_slots < 1 or self.max_len < 1 or self.chunk_size < 1:
             raise ValueError("max_slots, max_len and chunk_size must be positive")
         if self.paged and self.block_size < 1:
