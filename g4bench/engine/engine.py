@@ -406,17 +406,20 @@ class Engine:
             jnp.asarray(packed.start),
             jnp.asarray(packed.n_valid),
             jnp.asarray(packed.slots),
+            jnp.asarray(packed.pick),
             kv_len=kv_len,
         )
-        self._piece_logits = {slot: p_logits[row] for slot, row in packed.last_rows.items()}
+        self._piece_logits = {slot: p_logits[packed.pick_index(slot)] for slot in packed.sampled_rows}
         first = np.asarray(p_next) if packed.sampled_rows else None
         out = (
-            {slot: int(first[row]) for slot, row in packed.sampled_rows.items()} if first is not None else {}
+            {slot: int(first[packed.pick_index(slot)]) for slot in packed.sampled_rows}
+            if first is not None
+            else {}
         )
         return (d_out if decode_logits else np.asarray(d_out)), out
 
     def piece_logits(self, slot: int) -> jax.Array:
-        """f32 [1, V]: the logits at the last position of `slot`'s piece in the last `step`."""
+        """f32 [1, V]: the logits at the last position of `slot`'s sampling piece in the last `step`."""
         return self._piece_logits[slot][None]
 
     @property

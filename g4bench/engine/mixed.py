@@ -34,6 +34,11 @@ from g4bench.engine.sampling import SamplingParams, sample
 from g4bench.model.forward import Segment, forward_segments
 
 PIECE_TOKENS = 32  # tokens per piece row: small enough that a short suffix wastes little padding
+# Prompts that may finish (sample a first token) in one call. Only those pieces' last rows get
+# logits — the LM head and sampler over the whole vocabulary cost ≈ a decode row each (on the
+# CPU ≈ 4 ms for `small`), so computing them for every piece row would tax each call — and only
+# they run the KV-shared layers past their K/V writes. The scheduler plans within it.
+SAMPLED_PER_STEP = 4
 
 
 @dataclass(frozen=True)
@@ -68,21 +73,31 @@ def row_buckets(
 @dataclass(frozen=True)
 class PackedRows:
     """Pieces as padded rows: tokens i32[P, piece], start/n_valid/slots i32[P] (padding rows have
-    n_valid 0 and slot 0); `sampled_rows` {slot: row} of each piece that samples."""
+    n_valid 0 and slot 0); `sampled_rows` {slot: row} of each piece that samples, and `pick`
+    i32[sampled_slots(P)] those rows in piece order (padded with row 0): where logits are computed."""
 
     tokens: np.ndarray
     start: np.ndarray
     n_valid: np.ndarray
     slots: np.ndarray
     sampled_rows: dict[int, int]
-    last_rows: dict[int, int]  # {slot: last row of its piece} for every piece
+    pick: np.ndarray
+
+    def pick_index(self, slot: int) -> int:
+        """Where `slot`'s sampled piece sits among the logit rows."""
+        return list(self.sampled_rows).index(slot)
+
+
+def sampled_slots(rows: int) -> int:
+    """Logit rows of a mixed call with `rows` piece rows (a static shape)."""
+    return min(rows, SAMPLED_PER_STEP)
 
 
 def pack(pieces: Sequence[Piece], rows: int, piece_tokens: int = PIECE_TOKENS) -> PackedRows:
     """Cut each piece into rows of `piece_tokens` and pad the row count to `rows`."""
     tokens = np.zeros((rows, piece_tokens), np.int32)
     start, n_valid, slots = (np.zeros(rows, np.int32) for _ in range(3))
-    sampled, last = {}, {}
+    sampled: dict[int, int] = {}
     r = 0
     for p in pieces:
         for at in range(0, len(p.tokens), piece_tokens):
@@ -92,16 +107,22 @@ def pack(pieces: Sequence[Piece], rows: int, piece_tokens: int = PIECE_TOKENS) -
             tokens[r, : len(part)] = part
             start[r], n_valid[r], slots[r] = p.start + at, len(part), p.slot
             r += 1
-        last[p.slot] = r - 1
         if p.sampling is not None:
             sampled[p.slot] = r - 1
-    return PackedRows(tokens, start, n_valid, slots, sampled, last)
+    k = sampled_slots(rows)
+    if len(sampled) > k:
+        raise ValueError(f"{len(sampled)} pieces sample in one step; at most {k} with {rows} rows")
+    pick = np.zeros(k, np.int32)
+    pick[: len(sampled)] = list(sampled.values())
+    return PackedRows(tokens, start, n_valid, slots, sampled, pick)
 
 
 def check_pieces(pieces: Sequence[Piece], *, max_slots: int, chunk_size: int, max_len: int,
                  active: np.ndarray) -> int:  # fmt: skip
     """Rows the pieces need; ValueError naming the first bad piece (empty, too long, out of range,
-    a slot twice, or a slot that also decodes in this call)."""
+    a slot twice, or a slot that also decodes in this call), or too many sampling pieces."""
+    if sum(p.sampling is not None for p in pieces) > SAMPLED_PER_STEP:
+        raise ValueError(f"more than {SAMPLED_PER_STEP} pieces sample a first token in one step")
     seen: set[int] = set()
     rows = 0
     for p in pieces:
@@ -124,20 +145,21 @@ def check_pieces(pieces: Sequence[Piece], *, max_slots: int, chunk_size: int, ma
 
 
 def mixed_step(
-    params, cache, sampling, tokens, positions, active, tables, p_tokens, p_start, p_valid, p_slots,
+    params, cache, sampling, tokens, positions, active, tables, p_tokens, p_start, p_valid, p_slots, p_pick,
     *, cfg, layout, cdt, kv_len, attention_block, sample_decode=True,
 ):  # fmt: skip
-    """One forward over the decode rows and the piece rows → (cache, piece logits f32 [P, V],
-    decode output: next ids i32[S] (`sample_decode`) or logits f32[S, V], piece next ids i32[P])."""
+    """One forward over the decode rows and the piece rows → (cache, logits f32 [K, V] at the
+    `p_pick` rows, decode output: next ids i32[S] (`sample_decode`) or logits f32[S, V], next ids
+    i32[K] sampled at the `p_pick` rows)."""
     decode = Segment(tokens[:, None], positions, active.astype(jnp.int32), tables)
     piece_tables = {g: t[p_slots] for g, t in tables.items()}
-    pieces = Segment(p_tokens, p_start, p_valid, piece_tables)
+    pieces = Segment(p_tokens, p_start, p_valid, piece_tables, logit_rows=p_pick)
     (d_logits, p_logits), cache = forward_segments(
         params, [decode, pieces], cache, cfg, layout, kv_len=kv_len, compute_dtype=cdt,
         attention_block=attention_block,
     )  # fmt: skip
     eos = cfg.eos_token_ids
     d_out = sample(d_logits, positions, sampling, eos) if sample_decode else d_logits
-    p_state = jax.tree_util.tree_map(lambda x: x[p_slots], sampling)
-    p_next = sample(p_logits, p_start + jnp.maximum(p_valid, 1) - 1, p_state, eos)
+    p_state = jax.tree_util.tree_map(lambda x: x[p_slots[p_pick]], sampling)
+    p_next = sample(p_logits, p_start[p_pick] + jnp.maximum(p_valid[p_pick], 1) - 1, p_state, eos)
     return cache, p_logits, d_out, p_next

@@ -7,7 +7,8 @@ engine runs the mixed policy (`EngineConfig.policy`, paged layouts). One turn:
 2. the plan: walking the admitted prompts in admission order, each takes the next chunk of its
    prompt (at most `chunk_size` tokens) while the token budget lasts — `max_batched_tokens` minus
    one token per decode row, counted in piece rows of `engine.piece_tokens` (a prompt always
-   advances by at least one row, so a full decode batch never starves prefill). A prompt not yet
+   advances by at least one row, so a full decode batch never starves prefill), and at most
+   `SAMPLED_PER_STEP` prompts finishing (the call's first-token rows, mixed.py). A prompt not yet
    placed is placed now (`BlockCache.begin` matches its cached prefix), unless it shares whole
    blocks with a prompt still computing them: it then waits, and reuses those blocks once they
    are written, as a prompt admitted behind another does under the chunk policy;
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from g4bench.engine.mixed import Piece, piece_rows
+from g4bench.engine.mixed import SAMPLED_PER_STEP, Piece, piece_rows
 
 log = logging.getLogger("g4bench.engine.scheduler")
 
@@ -95,6 +96,7 @@ class MixedTurn:
         piece = self.engine.piece_tokens
         rows_left = max(1, (self.max_batched_tokens - decode_rows) // piece)
         plan: list[tuple[Any, int]] = []
+        finishing = 0
         for req in list(self._prefilling):
             if rows_left <= 0:
                 break
@@ -106,6 +108,10 @@ class MixedTurn:
                     break  # not enough free or evictable blocks yet: running requests will free some
                 req.placed, req.prefilled, req.reused = True, reuse, reuse
             n = min(self.chunk_size, len(req.prompt) - req.prefilled, rows_left * piece)
+            if req.prefilled + n == len(req.prompt):
+                if finishing == SAMPLED_PER_STEP:
+                    continue  # this call's first-token rows are taken: it finishes in the next one
+                finishing += 1
             plan.append((req, n))
             rows_left -= piece_rows(n, piece)
         return plan

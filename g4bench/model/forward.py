@@ -206,6 +206,9 @@ class Segment:
     start: jax.Array
     n_valid: jax.Array
     tables: dict[str, jax.Array] | None = None
+    # i32[K]: the rows whose last-token logits are wanted (None: every row). Rows not named still
+    # write their K/V; from the first KV-shared layer on, only the named rows are computed.
+    logit_rows: jax.Array | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -302,16 +305,21 @@ def forward_segments(
     shared: dict[str, list[tuple]] = {}
     # flat index of each row's last real token
     offsets = [sum(B * T for B, T in shapes[:j]) for j in range(len(shapes))]
+    keep = [
+        jnp.arange(B) if seg.logit_rows is None else seg.logit_rows
+        for seg, (B, _) in zip(segments, shapes, strict=True)
+    ]
+    out_shapes = [(int(k.shape[0]), 1) for k in keep]
     last_flat = jnp.concatenate([
-        off + jnp.arange(B) * T + jnp.maximum(seg.n_valid - 1, 0)
-        for seg, (B, T), off in zip(segments, shapes, offsets, strict=True)
+        off + k * T + jnp.maximum(seg.n_valid[k] - 1, 0)
+        for seg, k, (_, T), off in zip(segments, keep, shapes, offsets, strict=True)
     ])  # fmt: skip
 
     def last_of(x: list[jax.Array]) -> list[jax.Array]:
-        """Per segment [B, T, ...] → [B, 1, ...] at each row's last real token."""
+        """Per segment [B, T, ...] → [K, 1, ...] at each kept row's last real token."""
         return [
-            xi[jnp.arange(xi.shape[0]), jnp.maximum(seg.n_valid - 1, 0)][:, None]
-            for xi, seg in zip(x, segments, strict=True)
+            xi[k, jnp.maximum(seg.n_valid[k] - 1, 0)][:, None]
+            for xi, seg, k in zip(x, segments, keep, strict=True)
         ]
 
     for i, lp in enumerate(params["layers"]):
@@ -319,7 +327,11 @@ def forward_segments(
             # Shared layers write no K/V: only each row's last real token's query matters from here on.
             h, ple = h[last_flat], (ple[last_flat] if ple is not None else None)
             rope = {t: (c[last_flat], s[last_flat]) for t, (c, s) in rope.items()}
-            q_pos, q_ok, q_shapes = last_of(q_pos), last_of(q_ok), [(B, 1) for B, _ in shapes]
+            q_pos, q_ok, q_shapes = last_of(q_pos), last_of(q_ok), out_shapes
+            shared = {
+                t: [_take_rows(read, k) for read, k in zip(reads, keep, strict=True)]
+                for t, reads in shared.items()
+            }
         ltype = cfg.layer_types[i]
         hd, nh = cfg.head_dim_of(i), cfg.num_attention_heads
         cos, sin = rope[ltype]
@@ -368,16 +380,25 @@ def forward_segments(
             h = h + rms_norm(linear(g, lp["ple_up"]), lp["post_ple_norm"], eps)
         h = h * lp["layer_scalar"].astype(cdt)
 
-    if not all_logits and h.shape[0] != len(last_flat):
+    if not all_logits and h.shape[0] != last_flat.shape[0]:
         h = h[last_flat]
     h = rms_norm(h, params["final_norm"], eps)
     logits = jnp.einsum("nh,vh->nv", h, embed.astype(cdt), preferred_element_type=jnp.float32)
     if cfg.final_logit_softcapping:
         cap = cfg.final_logit_softcapping
         logits = jnp.tanh(logits / cap) * cap
-    out_shapes = shapes if all_logits else [(B, 1) for B, _ in shapes]
-    per_seg = _split(logits, out_shapes)
+    per_seg = _split(logits, shapes if all_logits else out_shapes)
     return (per_seg if all_logits else [x[:, 0] for x in per_seg]), new_cache
+
+
+def _take_rows(read: tuple[Any, jax.Array, jax.Array], rows: jax.Array) -> tuple[Any, jax.Array, jax.Array]:
+    """A segment's read (keys, key positions, validity) for batch rows `rows` only."""
+    kv, key_pos, key_ok = read
+    if isinstance(kv, PagedKeys):
+        kv = PagedKeys(pools=kv.pools, ids=kv.ids[rows], dtypes=kv.dtypes, block_size=kv.block_size)
+    else:
+        kv = {name: arr[rows] for name, arr in kv.items()}
+    return kv, key_pos[rows], key_ok[rows]
 
 
 def _split(x: jax.Array, shapes: Sequence[tuple[int, int]]) -> list[jax.Array]:

@@ -106,11 +106,12 @@ def measure_child(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _mixed_shapes(engine: Any, k: int, timed: Any) -> list[dict[str, Any]]:
-    """Mixed calls at KV bucket `k`, one per reachable piece-row bucket: pieces (the last sampling)
+    """Mixed calls at KV bucket `k`, one per reachable piece-row bucket: pieces (the first
+    SAMPLED_PER_STEP sampling)
     on the first slots, every other slot decoding at position k − 1 (every decode row is computed
     whatever the number active, so the shape is the row bucket)."""
     from g4bench.engine.engine import bucket_for
-    from g4bench.engine.mixed import Piece, piece_rows
+    from g4bench.engine.mixed import SAMPLED_PER_STEP, Piece, piece_rows
     from g4bench.engine.sampling import SamplingParams
 
     ecfg, S, piece = engine.ecfg, engine.ecfg.max_slots, engine.piece_tokens
@@ -120,7 +121,8 @@ def _mixed_shapes(engine: Any, k: int, timed: Any) -> list[dict[str, Any]]:
         pieces, left, slot = [], rows * piece, 0
         while left > 0 and slot < S:
             n = min(left, ecfg.chunk_size, k)
-            pieces.append(Piece(slot, [engine.cfg.pad_token_id + 3] * n, k - n, SamplingParams()))
+            sampling = SamplingParams() if len(pieces) < SAMPLED_PER_STEP else None
+            pieces.append(Piece(slot, [engine.cfg.pad_token_id + 3] * n, k - n, sampling))
             left -= piece_rows(n, piece) * piece
             slot += 1
         bucket = bucket_for(sum(piece_rows(len(p.tokens), piece) for p in pieces), ecfg.row_buckets)

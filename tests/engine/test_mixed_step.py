@@ -136,7 +136,7 @@ def test_pack_cuts_pieces_into_rows():
     assert rows.start.tolist() == [10, 42, 74, 0]
     assert rows.slots.tolist() == [1, 1, 1, 2]
     assert rows.tokens[2, :6].tolist() == list(range(64, 70))
-    assert rows.sampled_rows == {2: 3} and rows.last_rows == {1: 2, 2: 3}
+    assert rows.sampled_rows == {2: 3} and rows.pick.tolist() == [3, 0, 0, 0]
     with pytest.raises(ValueError, match="more than 3 rows"):
         pack(pieces, 3)
 
@@ -159,6 +159,7 @@ def test_bad_steps_are_refused_with_the_reason(cfg, params):
         ([Piece(9, [3], 0)], "out of range"),
         ([Piece(1, [3], 127), Piece(2, [3], 0)][:1] + [Piece(2, [3, 3], 127)], "exceed max_len"),
         ([], "at least one prefill piece"),
+        ([Piece(s, [3], 0, SamplingParams()) for s in (1, 2, 3)] * 2, "more than 4 pieces sample"),
     ]
     for pieces, message in cases:
         with pytest.raises(ValueError, match=message):
