@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from g4bench.engine.sampling import SamplingParams, sample
-from g4bench.model.forward import Segment, forward_segments
+from g4bench.model.forward import Segment, forward_segments, lm_head
 
 PIECE_TOKENS = 32  # tokens per piece row: small enough that a short suffix wastes little padding
 # Prompts that may finish (sample a first token) in one call. Only those pieces' last rows get
@@ -154,12 +154,23 @@ def mixed_step(
     decode = Segment(tokens[:, None], positions, active.astype(jnp.int32), tables)
     piece_tables = {g: t[p_slots] for g, t in tables.items()}
     pieces = Segment(p_tokens, p_start, p_valid, piece_tables, logit_rows=p_pick)
-    (d_logits, p_logits), cache = forward_segments(
+    (d_hidden, p_hidden), cache = forward_segments(
         params, [decode, pieces], cache, cfg, layout, kv_len=kv_len, compute_dtype=cdt,
-        attention_block=attention_block,
+        attention_block=attention_block, hidden=True,
     )  # fmt: skip
     eos = cfg.eos_token_ids
-    d_out = sample(d_logits, positions, sampling, eos) if sample_decode else d_logits
+    if sample_decode:
+        # with no decode row active (a burst into an idle server) the head and sampler over every
+        # slot's row would be pure waste: skipped at run time, one compiled program either way
+        d_out = jax.lax.cond(
+            active.any(),
+            lambda h: sample(lm_head(params, h, cfg, cdt), positions, sampling, eos),
+            lambda h: jnp.zeros(positions.shape, jnp.int32),
+            d_hidden,
+        )
+    else:
+        d_out = lm_head(params, d_hidden, cfg, cdt)
+    p_logits = lm_head(params, p_hidden, cfg, cdt)
     p_state = jax.tree_util.tree_map(lambda x: x[p_slots[p_pick]], sampling)
     p_next = sample(p_logits, p_start[p_pick] + jnp.maximum(p_valid[p_pick], 1) - 1, p_state, eos)
     return cache, p_logits, d_out, p_next

@@ -262,13 +262,16 @@ def forward_segments(
     compute_dtype: Any = jnp.float32,
     rows: jax.Array | None = None,
     attention_block: int | None = None,
+    hidden: bool = False,
 ) -> tuple[list[jax.Array], Cache]:
     """`forward` over several segments in one pass (the mixed step: a decode segment [S, 1] and a
     segment of prefill pieces [P, piece]). Every linear runs once over all segments' token rows
     (flattened to [N, hidden]), so the weights are read once; each KV-owning layer writes every
     segment's K/V before any segment reads (paged), so a piece attends to the earlier pieces of its
     prompt written in the same call; attention runs per segment at its own shape. More than one
-    segment needs the paged layout. Returns one logits array per segment (as `forward`'s)."""
+    segment needs the paged layout. Returns one logits array per segment (as `forward`'s), or with
+    `hidden` the final-normed hidden states [K, hidden] that `lm_head` turns into them (so a caller
+    can skip the head for rows it will not sample)."""
     if len(segments) > 1 and not layout.paged:
         raise ValueError("several segments in one call need the paged cache layout")
     if layout.paged and any(seg.tables is None for seg in segments):
@@ -383,12 +386,19 @@ def forward_segments(
     if not all_logits and h.shape[0] != last_flat.shape[0]:
         h = h[last_flat]
     h = rms_norm(h, params["final_norm"], eps)
-    logits = jnp.einsum("nh,vh->nv", h, embed.astype(cdt), preferred_element_type=jnp.float32)
+    if hidden and not all_logits:
+        return [x[:, 0] for x in _split(h, out_shapes)], new_cache
+    per_seg = _split(lm_head(params, h, cfg, cdt), shapes if all_logits else out_shapes)
+    return (per_seg if all_logits else [x[:, 0] for x in per_seg]), new_cache
+
+
+def lm_head(params: dict[str, Any], h: jax.Array, cfg: ModelConfig, cdt: Any) -> jax.Array:
+    """Final-normed hidden states [N, hidden] → logits f32 [N, V] (tied embedding, soft cap)."""
+    logits = jnp.einsum("nh,vh->nv", h, params["embed"].astype(cdt), preferred_element_type=jnp.float32)
     if cfg.final_logit_softcapping:
         cap = cfg.final_logit_softcapping
         logits = jnp.tanh(logits / cap) * cap
-    per_seg = _split(logits, shapes if all_logits else out_shapes)
-    return (per_seg if all_logits else [x[:, 0] for x in per_seg]), new_cache
+    return logits
 
 
 def _take_rows(read: tuple[Any, jax.Array, jax.Array], rows: jax.Array) -> tuple[Any, jax.Array, jax.Array]:
