@@ -49,6 +49,14 @@ def _verify_step(params, cache, tokens, start, n_valid, slot, tables, *, cfg, la
     return cache, logits[0]
 
 
+def _verify_batch(params, cache, tokens, start, n_valid, tables, *, cfg, layout, cdt, kv_len, attention_block):
+    """Every slot k+1 tokens in one call (the batch cost `plan --spec-k` prices): (cache, [S, T, V])."""
+    return forward(
+        params, tokens, start, n_valid, cache, cfg, layout, kv_len=kv_len, compute_dtype=cdt, all_logits=True,
+        tables=tables, attention_block=attention_block,
+    )[::-1]  # fmt: skip
+
+
 class Verifier:
     """Scores a run of tokens of one slot in one call and returns the logits at every position."""
 
@@ -58,6 +66,7 @@ class Verifier:
                      attention_block=engine.attention_block)  # fmt: skip
         donate = (1,) if engine.ecfg.donate else ()
         self._program = jax.jit(partial(_verify_step, **bound), static_argnames=("kv_len",), donate_argnums=donate)
+        self._batch = jax.jit(partial(_verify_batch, **bound), static_argnames=("kv_len",), donate_argnums=donate)
 
     def verify(self, slot: int, tokens: list[int], start: int) -> np.ndarray:
         """Write `tokens` at positions start.. of `slot`; f32 [len(tokens), V] logits, row j being
@@ -73,6 +82,24 @@ class Verifier:
             kv_len=bucket_for(start + n, e.ecfg.kv_buckets),
         )  # fmt: skip
         return np.asarray(logits[:n])
+
+
+    def verify_all(self, tokens: np.ndarray, starts: np.ndarray) -> jax.Array:
+        """The batch verify step: every slot writes tokens[s] (i32[max_slots, k+1]) at starts[s]..
+        in one call; returns the f32 [max_slots, k+1, V] logits on the device (not yet computed)."""
+        e = self.engine
+        tokens = np.asarray(tokens, np.int32)
+        if tokens.shape[0] != e.ecfg.max_slots:
+            raise ValueError(f"verify_all needs one row per slot ({e.ecfg.max_slots}), got {tokens.shape[0]}")
+        top = int(np.max(starts)) + tokens.shape[1]
+        if top > e.ecfg.max_len:
+            raise ValueError(f"verify_all: positions up to {top} exceed max_len {e.ecfg.max_len}")
+        e.cache, logits = self._batch(
+            e.params, e.cache, jnp.asarray(tokens), jnp.asarray(starts, jnp.int32),
+            jnp.full((tokens.shape[0],), tokens.shape[1], jnp.int32),
+            {g: jnp.asarray(t.copy()) for g, t in e.tables.items()}, kv_len=bucket_for(top, e.ecfg.kv_buckets),
+        )  # fmt: skip
+        return logits
 
 
 class Proposer(Protocol):

@@ -177,6 +177,9 @@ class TargetKV:
     key_ok: jax.Array
 
 
+jax.tree_util.register_dataclass(TargetKV, data_fields=["k", "v", "key_pos", "key_ok"], meta_fields=[])
+
+
 def draft_step(
     params: Params,
     dc: DrafterConfig,

@@ -161,3 +161,21 @@ def test_tiny_model_first_token_law_at_temperature_1(tiny_dists, rule, agrees):
         counts[tokens[0]] += 1
     pvalue = _chi2_p(counts, p)
     assert (pvalue > 0.01) if agrees else (pvalue < 0.01), pvalue
+
+
+@pytest.mark.slow
+def test_batch_verify_matches_per_slot_verify(prompt):
+    """verify_all (every slot k+1 tokens in one call, the step `plan --spec-k` prices) gives each
+    slot the logits a one-slot verify of the same tokens gives."""
+    ecfg = EngineConfig(max_slots=2, max_len=128, chunk_size=32, min_kv_bucket=32, kv_dtype="f32")
+    cfg = load_config("tiny-a")
+    params = random_params(cfg, 0)
+    a, b = Engine(cfg, params, ecfg, compute_dtype=np.float32), Engine(cfg, params, ecfg, compute_dtype=np.float32)
+    for slot, n in ((0, 12), (1, 15)):
+        a.prefill(slot, prompt[:n], 0)
+        b.prefill(slot, prompt[:n], 0)
+    runs = np.array([prompt[12:16], prompt[15:19]])
+    both = np.asarray(Verifier(a).verify_all(runs, np.array([12, 15])))
+    vb = Verifier(b)
+    for slot, start in ((0, 12), (1, 15)):
+        np.testing.assert_allclose(both[slot], vb.verify(slot, runs[slot].tolist(), start), atol=1e-4)
