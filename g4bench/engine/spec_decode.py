@@ -49,7 +49,9 @@ def _verify_step(params, cache, tokens, start, n_valid, slot, tables, *, cfg, la
     return cache, logits[0]
 
 
-def _verify_batch(params, cache, tokens, start, n_valid, tables, *, cfg, layout, cdt, kv_len, attention_block):
+def _verify_batch(
+    params, cache, tokens, start, n_valid, tables, *, cfg, layout, cdt, kv_len, attention_block
+):
     """Every slot k+1 tokens in one call (the batch cost `plan --spec-k` prices): (cache, [S, T, V])."""
     return forward(
         params, tokens, start, n_valid, cache, cfg, layout, kv_len=kv_len, compute_dtype=cdt, all_logits=True,
@@ -65,8 +67,12 @@ class Verifier:
         bound = dict(cfg=engine.cfg, layout=engine.layout, cdt=engine.compute_dtype,
                      attention_block=engine.attention_block)  # fmt: skip
         donate = (1,) if engine.ecfg.donate else ()
-        self._program = jax.jit(partial(_verify_step, **bound), static_argnames=("kv_len",), donate_argnums=donate)
-        self._batch = jax.jit(partial(_verify_batch, **bound), static_argnames=("kv_len",), donate_argnums=donate)
+        self._program = jax.jit(
+            partial(_verify_step, **bound), static_argnames=("kv_len",), donate_argnums=donate
+        )
+        self._batch = jax.jit(
+            partial(_verify_batch, **bound), static_argnames=("kv_len",), donate_argnums=donate
+        )
 
     def verify(self, slot: int, tokens: list[int], start: int) -> np.ndarray:
         """Write `tokens` at positions start.. of `slot`; f32 [len(tokens), V] logits, row j being
@@ -82,7 +88,6 @@ class Verifier:
             kv_len=bucket_for(start + n, e.ecfg.kv_buckets),
         )  # fmt: skip
         return np.asarray(logits[:n])
-
 
     def verify_all(self, tokens: np.ndarray, starts: np.ndarray) -> jax.Array:
         """The batch verify step: every slot writes tokens[s] (i32[max_slots, k+1]) at starts[s]..

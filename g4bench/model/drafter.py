@@ -93,7 +93,9 @@ class DrafterConfig:
         t, d = target, self.text
         problems = []
         if self.backbone_hidden_size != t.hidden_size:
-            problems.append(f"backbone_hidden_size {self.backbone_hidden_size} != target hidden {t.hidden_size}")
+            problems.append(
+                f"backbone_hidden_size {self.backbone_hidden_size} != target hidden {t.hidden_size}"
+            )
         if d.vocab_size != t.vocab_size:
             problems.append(f"vocab {d.vocab_size} != target vocab {t.vocab_size}")
         if (d.head_dim, d.global_head_dim, d.num_key_value_heads) != (
@@ -105,7 +107,9 @@ class DrafterConfig:
         if set(d.layer_types) - set(t.layer_types[: t.first_kv_shared_layer]):
             problems.append("a drafter layer type has no KV-owning target layer")
         if problems:
-            raise UnsupportedConfigError(f"drafter {self.name} does not fit target {t.name}: {'; '.join(problems)}")
+            raise UnsupportedConfigError(
+                f"drafter {self.name} does not fit target {t.name}: {'; '.join(problems)}"
+            )
 
 
 def load_drafter_config(name_or_path: str | Path) -> DrafterConfig:

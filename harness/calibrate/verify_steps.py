@@ -37,50 +37,55 @@ def _median_s(fn: Any, reps: int) -> float:
 
 
 def measure(model: str, ctx: int, batches: list[int], k: int, reps: int) -> dict[str, Any]:
-    from g4bench.engine.engine import Engine, EngineConfig
     from g4bench.engine.loading import default_format
-    from g4bench.engine.spec_decode import Verifier
-    from g4bench.model.config import FULL, load_config
-    from g4bench.model.drafter import TargetKV, draft_step, init_drafter, load_drafter_config
+    from g4bench.model.config import load_config
+    from g4bench.model.drafter import init_drafter, load_drafter_config
     from g4bench.model.params import init_params
-    from harness.sim.speculative import break_even, expected_tokens
 
     cfg = load_config(model)
     fmt = default_format(cfg)
     params = init_params(cfg, fmt)
     dc = load_drafter_config(f"{model}-assistant")
     dparams = init_drafter(dc, fmt)
-    rows = []
-    for b in batches:
-        engine = Engine(cfg, params, EngineConfig(max_slots=b, max_len=ctx + 64, chunk_size=max(16, k + 1)))
-        verifier = Verifier(engine)
-        pos = np.full(b, ctx, np.int32)
-        tokens = np.full(b, 3, np.int32)
-        active = np.ones(b, bool)
-        decode_s = _median_s(lambda: engine.decode(tokens, pos, active), reps)
-        vt = np.full((b, k + 1), 3, np.int32)
-        verify_s = _median_s(lambda: np.asarray(verifier.verify_all(vt, pos)), reps)
-        cdt = engine.compute_dtype
-        kv = {}
-        for ltype in set(dc.text.layer_types):
-            keys = ctx if ltype == FULL else cfg.sliding_window + 1
-            d = cfg.global_head_dim if ltype == FULL else cfg.head_dim
-            z = jnp.zeros((b, cfg.num_key_value_heads, keys, d), cdt)
-            kv[ltype] = TargetKV(z, z, jnp.broadcast_to(jnp.arange(keys, dtype=jnp.int32), (b, keys)),
-                                 jnp.ones((b, keys), bool))  # fmt: skip
-        step = jax.jit(draft_step, static_argnames=("dc", "compute_dtype"))
-        emb = jnp.zeros((b, cfg.hidden_size), cdt)
-        p = jnp.full((b,), ctx, jnp.int32)
-        draft_s = _median_s(lambda: step(dparams, dc, emb, emb, p, kv, compute_dtype=cdt)[0], reps)
-        round_over = (k * draft_s + verify_s) / decode_s
-        rows.append({
-            "batch": b, "decode_ms": 1e3 * decode_s, "verify_ms": 1e3 * verify_s, "draft_ms": 1e3 * draft_s,
-            "verify_over_decode": verify_s / decode_s, "break_even_accept": break_even(round_over, k),
-            "speedup_at_0.7": expected_tokens(0.7, k) / round_over,
-        })  # fmt: skip
-        del engine, verifier
+    rows = [_measure_batch(cfg, params, dc, dparams, b, ctx, k, reps) for b in batches]
     return {"model": model, "ctx": ctx, "k": k, "reps": reps, "device": jax.devices()[0].device_kind,
             "weights": fmt.name, "drafter": dc.name, "rows": rows}  # fmt: skip
+
+
+def _measure_batch(cfg: Any, params: Any, dc: Any, dparams: Any, b: int, ctx: int, k: int, reps: int) -> dict:
+    """Decode, batch verify and drafter step medians for batch `b` (see the module docstring)."""
+    from g4bench.engine.engine import Engine, EngineConfig
+    from g4bench.engine.spec_decode import Verifier
+    from g4bench.model.config import FULL
+    from g4bench.model.drafter import TargetKV, draft_step
+    from harness.sim.speculative import break_even, expected_tokens
+
+    engine = Engine(cfg, params, EngineConfig(max_slots=b, max_len=ctx + 64, chunk_size=max(16, k + 1)))
+    verifier = Verifier(engine)
+    pos = np.full(b, ctx, np.int32)
+    tokens = np.full(b, 3, np.int32)
+    active = np.ones(b, bool)
+    decode_s = _median_s(lambda: engine.decode(tokens, pos, active), reps)
+    vt = np.full((b, k + 1), 3, np.int32)
+    verify_s = _median_s(lambda: np.asarray(verifier.verify_all(vt, pos)), reps)
+    cdt = engine.compute_dtype
+    kv = {}
+    for ltype in set(dc.text.layer_types):
+        keys = ctx if ltype == FULL else cfg.sliding_window + 1
+        d = cfg.global_head_dim if ltype == FULL else cfg.head_dim
+        z = jnp.zeros((b, cfg.num_key_value_heads, keys, d), cdt)
+        kv[ltype] = TargetKV(z, z, jnp.broadcast_to(jnp.arange(keys, dtype=jnp.int32), (b, keys)),
+                             jnp.ones((b, keys), bool))  # fmt: skip
+    step = jax.jit(draft_step, static_argnames=("dc", "compute_dtype"))
+    emb = jnp.zeros((b, cfg.hidden_size), cdt)
+    p = jnp.full((b,), ctx, jnp.int32)
+    draft_s = _median_s(lambda: step(dparams, dc, emb, emb, p, kv, compute_dtype=cdt)[0], reps)
+    round_over = (k * draft_s + verify_s) / decode_s
+    return {
+        "batch": b, "decode_ms": 1e3 * decode_s, "verify_ms": 1e3 * verify_s, "draft_ms": 1e3 * draft_s,
+        "verify_over_decode": verify_s / decode_s, "break_even_accept": break_even(round_over, k),
+        "speedup_at_0.7": expected_tokens(0.7, k) / round_over,
+    }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -52,7 +52,9 @@ def verify_cost(cfg: Any, fmt: Any, layout: Any, batch: int, k: int, kv_len: int
     return costs.StepCost(bytes_by_part=parts, flops_by_part=flops)
 
 
-def draft_cost(dc: DrafterConfig, target: Any, fmt: Any, layout: Any, batch: int, kv_len: int) -> costs.StepCost:
+def draft_cost(
+    dc: DrafterConfig, target: Any, fmt: Any, layout: Any, batch: int, kv_len: int
+) -> costs.StepCost:
     """One drafter step for `batch` sequences: its linears streamed once, each drafter layer reads
     the target's KV of its type (the target's last KV-owning layer), and its head scores the whole
     vocabulary (or, with ordered embeddings, the centroids and top-k clusters' rows)."""
@@ -219,7 +221,9 @@ def run_speculative(
     dc = load_drafter_config(drafter or f"{target.model}-assistant")
     shape = ServerShape(model=target.model, max_slots=max(batches), max_len=ctx + 256, kv_dtype=kv_dtype,
                         sliding_kv=sliding_kv)  # fmt: skip
-    rows = price_speculative(target.pricer_for(shape), dc, k=k, accept_rate=accept_rate, batches=batches, ctx=ctx)
+    rows = price_speculative(
+        target.pricer_for(shape), dc, k=k, accept_rate=accept_rate, batches=batches, ctx=ctx
+    )
     assumptions = [
         *target.assumptions,
         f"drafter {dc.name} ({dc.text.num_hidden_layers} layers, hidden {dc.text.hidden_size}; dims assumed, "

@@ -52,9 +52,7 @@ def plain(prompt) -> list[int]:
 )
 def test_greedy_tokens_identical_with_and_without_speculation(prompt, plain, draft, seed, k):
     target = _engine("tiny-a", 0)
-    res = speculative_generate(
-        target, ModelProposer(_engine(draft, seed)), prompt, 24, k=k, ignore_eos=True
-    )
+    res = speculative_generate(target, ModelProposer(_engine(draft, seed)), prompt, 24, k=k, ignore_eos=True)
     assert res.tokens == plain
     assert res.drafted == res.rounds * k
     if (draft, seed) == ("tiny-a", 0):
@@ -94,7 +92,8 @@ def _markov_counts(P: np.ndarray, Q: np.ndarray, rule: str, n_tokens: int, k: in
     for _ in range(DRAWS):
         ctx = [0]
         while len(ctx) <= n_tokens:
-            draft, qs = [], []
+            draft: list[int] = []
+            qs: list[np.ndarray] = []
             for _ in range(k):
                 prev = draft[-1] if draft else ctx[-1]
                 qs.append(Q[prev])
@@ -170,7 +169,10 @@ def test_batch_verify_matches_per_slot_verify(prompt):
     ecfg = EngineConfig(max_slots=2, max_len=128, chunk_size=32, min_kv_bucket=32, kv_dtype="f32")
     cfg = load_config("tiny-a")
     params = random_params(cfg, 0)
-    a, b = Engine(cfg, params, ecfg, compute_dtype=np.float32), Engine(cfg, params, ecfg, compute_dtype=np.float32)
+    a, b = (
+        Engine(cfg, params, ecfg, compute_dtype=np.float32),
+        Engine(cfg, params, ecfg, compute_dtype=np.float32),
+    )
     for slot, n in ((0, 12), (1, 15)):
         a.prefill(slot, prompt[:n], 0)
         b.prefill(slot, prompt[:n], 0)

@@ -73,7 +73,7 @@ def _hf_model(raw: dict, seed: int):
     from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
 
     cfg = Gemma4AssistantConfig(**{k: v for k, v in raw.items() if not k.startswith("_")})
-    cfg.text_config._attn_implementation = "eager"
+    cfg.text_config._attn_implementation = "eager"  # type: ignore[union-attr]
     torch.manual_seed(seed)
     model = Gemma4AssistantForCausalLM(cfg).double().eval()
     with torch.no_grad():
@@ -157,5 +157,7 @@ def test_draft_step_matches_transformers(ordered):
     )  # fmt: skip
     scale = np.abs(ref_logits).max()
     np.testing.assert_allclose(np.asarray(logits[0]), ref_logits, atol=1e-4 * max(scale, 1.0))
-    np.testing.assert_allclose(np.asarray(hidden[0]), ref_hidden, atol=1e-4 * max(np.abs(ref_hidden).max(), 1))
+    np.testing.assert_allclose(
+        np.asarray(hidden[0]), ref_hidden, atol=1e-4 * max(np.abs(ref_hidden).max(), 1)
+    )
     assert int(np.argmax(logits[0])) == int(np.argmax(ref_logits))
