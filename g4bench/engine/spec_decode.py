@@ -25,6 +25,7 @@ store layers, which the engine's public API does not return today: it is not wir
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol
@@ -34,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from g4bench.engine.engine import Engine, bucket_for, check_prefill
+from g4bench.engine.grammar import GrammarMatcher
 from g4bench.engine.speculative import accept_draft, probs_from_logits
 from g4bench.model.forward import forward
 
@@ -180,10 +182,17 @@ def speculative_generate(
     ignore_eos: bool = False,
     rule: str = "residual",
     verifier: Verifier | None = None,
+    constraint: GrammarMatcher | None = None,
 ) -> SpecResult:
     """Generate up to `max_tokens` tokens for `prompt` in `slot` of `target` (greedy at
     temperature 0: exactly the target's own greedy tokens). Sampling is on the host with
-    `np.random.default_rng(seed)`, so runs are reproducible."""
+    `np.random.default_rng(seed)`, so runs are reproducible.
+
+    With a grammar `constraint`, each verify row's target distribution is masked by the grammar
+    state after the drafts before it, computed on a scratch copy of the matcher (`_fork`); the
+    request's own matcher advances by the emitted tokens only, so a rejected draft never enters it.
+    The drafter proposes unmasked: a draft the grammar forbids has p = 0 and is always rejected,
+    which keeps the rejection rule exact."""
     if k < 1:
         raise ValueError(f"spec k must be >= 1, got {k}")
     if len(prompt) + max_tokens + k > target.ecfg.max_len:
@@ -194,8 +203,12 @@ def speculative_generate(
     for s in range(0, len(prompt), chunk):
         target.prefill(slot, prompt[s : s + chunk], s)
     assert target.last_logits is not None
-    p0 = probs_from_logits(np.asarray(target.last_logits).reshape(-1), temperature)
+    p0 = probs_from_logits(
+        _grammar_masked(np.asarray(target.last_logits).reshape(1, -1), constraint, []), temperature
+    )[0]
     context = [*prompt, int(np.argmax(p0)) if temperature == 0 else int(rng.choice(len(p0), p=p0))]
+    if constraint is not None:
+        constraint.advance(context[-1])
     out = SpecResult(tokens=[context[-1]])
     eos = target.eos_token_ids
 
@@ -205,13 +218,41 @@ def speculative_generate(
     while not done():
         n = len(context)
         draft, q = proposer.propose(context, k, temperature, rng)
-        p = probs_from_logits(verifier.verify(slot, [context[-1], *draft.tolist()], n - 1), temperature)
+        logits = verifier.verify(slot, [context[-1], *draft.tolist()], n - 1)
+        p = probs_from_logits(_grammar_masked(logits, constraint, draft.tolist()), temperature)
         emitted, kept = accept_draft(p, q, draft, rng, rule=rule)
         proposer.keep(n + kept)
         out.rounds, out.drafted, out.accepted = out.rounds + 1, out.drafted + k, out.accepted + kept
         for tok in emitted:
+            if constraint is not None:
+                constraint.advance(tok)  # only emitted tokens: the grammar allowed each of them
             context.append(tok)
             out.tokens.append(tok)
             if done():
                 break
+    return out
+
+
+def _fork(m: GrammarMatcher) -> GrammarMatcher:
+    """A scratch copy of a matcher (llguidance `deep_copy`); the original is untouched."""
+    scratch = copy.copy(m)
+    scratch._m = m._m.deep_copy()  # GrammarMatcher has no public fork yet
+    return scratch
+
+
+def _grammar_masked(logits: np.ndarray, constraint: GrammarMatcher | None, draft: list[int]) -> np.ndarray:
+    """Rows j = 0..len(draft) of `logits` with ids the grammar forbids after draft[:j] set to −inf.
+    Rows after a draft the grammar forbids are left unmasked: that draft is always rejected, so
+    they are never used."""
+    if constraint is None:
+        return logits
+    out = np.array(logits, np.float64, copy=True)
+    scratch = _fork(constraint) if draft else constraint
+    V = out.shape[-1]
+    for j in range(out.shape[0]):
+        allowed = scratch.next_mask()[:V]
+        out[j, ~allowed] = -np.inf
+        if j == len(draft) or not allowed[draft[j]]:
+            break
+        scratch.advance(draft[j])
     return out

@@ -181,3 +181,33 @@ def test_batch_verify_matches_per_slot_verify(prompt):
     vb = Verifier(b)
     for slot, start in ((0, 12), (1, 15)):
         np.testing.assert_allclose(both[slot], vb.verify(slot, runs[slot].tolist(), start), atol=1e-4)
+
+
+@pytest.mark.slow
+def test_greedy_with_a_grammar_matches_plain_constrained_decoding(prompt):
+    """A grammar (lowercase letters, 3..10, then EOS) on tiny-a: speculative greedy with a drafter
+    that ignores the grammar emits exactly the plain constrained greedy tokens, and the request's
+    matcher only ever sees emitted tokens (it would raise on a forbidden one)."""
+    from g4bench.engine.grammar import byte_vocab
+
+    vocab, grammar = byte_vocab(512), "start: /[a-z]{3,10}/"
+    plain_eng, m = _engine("tiny-a", 0), vocab.matcher(grammar)
+    plain_eng.prefill(0, prompt, 0)
+    logits, pos, plain_tokens = np.asarray(plain_eng.last_logits).reshape(-1), len(prompt), []
+    for _ in range(16):
+        masked = np.where(m.next_mask(), logits, -np.inf)
+        tok = int(np.argmax(masked))
+        m.advance(tok)
+        plain_tokens.append(tok)
+        if tok == 1:
+            break
+        logits = np.asarray(plain_eng.decode_logits(np.array([tok]), np.array([pos]), np.array([True])))[0]
+        pos += 1
+    assert plain_tokens[-1] == 1 and 4 <= len(plain_tokens) <= 11
+
+    spec_m = vocab.matcher(grammar)
+    res = speculative_generate(_engine("tiny-a", 0), ModelProposer(_engine("tiny-a", 1)), prompt, 16, k=3,
+                               constraint=spec_m)  # fmt: skip
+    assert res.tokens == plain_tokens
+    assert res.acceptance_rate < 1.0  # the unconstrained drafter was rejected at least once
+    assert spec_m.is_done()
