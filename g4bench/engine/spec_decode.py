@@ -14,8 +14,10 @@ Data flow of one round, for a context of n tokens whose first n−1 are in the t
 
 The verify call is the prefill program with every position's logits (`forward(all_logits=True)`,
 one slot, a chunk bucket of k+1 tokens); it uses the engine's public state (params, cache, block
-tables, layout, buckets) and no engine.py change. The batch version of the same cost (k+1 query
-tokens for every sequence in one step) is what `plan --spec-k` prices (harness/sim/speculative.py).
+tables, layout, buckets) and no engine.py change. `Verifier.verify_all` is the batch version
+(k+1 query tokens for every slot in one step): what `plan --spec-k` prices
+(harness/sim/speculative.py) and harness/calibrate/verify_steps.py times. Grammars: see
+`speculative_generate`'s `constraint`.
 
 Proposers: `ModelProposer` drafts with a second `Engine` over any model with the target's vocab
 (the classic two-model scheme; it keeps its own KV and rolls back to the kept prefix). The Gemma 4

@@ -4,7 +4,7 @@
 
 Data flow, per batch B: one Engine (synthetic weights in the platform's format, paged KV, B slots,
 max_len ctx + 64; the cache is left as garbage, as `warmup` does: timing needs shapes, not values)
-→ a compile call then `reps` timed calls each of (a) `Engine.decode` at position ctx for every slot,
+→ a compile call each, then `reps` interleaved rounds timing (a) `Engine.decode` at position ctx for every slot,
 (b) `Verifier.verify_all` with k+1 tokens per slot at ctx (g4bench/engine/spec_decode.py), (c) one
 drafter step (`draft_step`, the `<model>-assistant` preset, synthetic weights) reading target KV of
 the shapes it reads in serving (ctx keys for full layers, W + 1 for sliding) → medians → the same
@@ -26,14 +26,19 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def _median_s(fn: Any, reps: int) -> float:
-    fn()  # compile
-    times = []
+def _medians_s(fns: list[Any], reps: int) -> list[float]:
+    """Median seconds of each function, compiled first, then timed in interleaved rounds (decode,
+    verify, draft, decode, ...) so load from other processes on a shared host drifts onto all
+    three alike rather than onto whichever ran during a busy spell."""
+    for fn in fns:
+        jax.block_until_ready(fn())  # compile
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
-        t = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        for fn, ts in zip(fns, times, strict=True):
+            t = time.perf_counter()
+            jax.block_until_ready(fn())
+            ts.append(time.perf_counter() - t)
+    return [statistics.median(ts) for ts in times]
 
 
 def measure(model: str, ctx: int, batches: list[int], k: int, reps: int) -> dict[str, Any]:
@@ -65,9 +70,7 @@ def _measure_batch(cfg: Any, params: Any, dc: Any, dparams: Any, b: int, ctx: in
     pos = np.full(b, ctx, np.int32)
     tokens = np.full(b, 3, np.int32)
     active = np.ones(b, bool)
-    decode_s = _median_s(lambda: engine.decode(tokens, pos, active), reps)
     vt = np.full((b, k + 1), 3, np.int32)
-    verify_s = _median_s(lambda: np.asarray(verifier.verify_all(vt, pos)), reps)
     cdt = engine.compute_dtype
     kv = {}
     for ltype in set(dc.text.layer_types):
@@ -79,7 +82,14 @@ def _measure_batch(cfg: Any, params: Any, dc: Any, dparams: Any, b: int, ctx: in
     step = jax.jit(draft_step, static_argnames=("dc", "compute_dtype"))
     emb = jnp.zeros((b, cfg.hidden_size), cdt)
     p = jnp.full((b,), ctx, jnp.int32)
-    draft_s = _median_s(lambda: step(dparams, dc, emb, emb, p, kv, compute_dtype=cdt)[0], reps)
+    decode_s, verify_s, draft_s = _medians_s(
+        [
+            lambda: engine.decode(tokens, pos, active),
+            lambda: np.asarray(verifier.verify_all(vt, pos)),
+            lambda: np.asarray(step(dparams, dc, emb, emb, p, kv, compute_dtype=cdt)[0]),
+        ],
+        reps,
+    )
     round_over = (k * draft_s + verify_s) / decode_s
     return {
         "batch": b, "decode_ms": 1e3 * decode_s, "verify_ms": 1e3 * verify_s, "draft_ms": 1e3 * draft_s,
