@@ -252,3 +252,67 @@ def target_embed(target_params: Params, target: ModelConfig, tokens: jax.Array, 
     """The target's scaled token embedding (the drafter's first input half)."""
     e = target_params["embed"]
     return e[tokens].astype(cdt) * jnp.asarray(math.sqrt(target.hidden_size), e.dtype).astype(cdt)
+
+
+# ---------------------------------------------------------------------------- checkpoint
+_LAYER_NAMES = {
+    "input_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
+    "pre_ffw_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
+    "q": "self_attn.q_proj", "q_norm": "self_attn.q_norm", "o": "self_attn.o_proj",
+    "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj", "layer_scalar": "layer_scalar",
+}  # fmt: skip
+
+
+def load_drafter(directory: str | Path, fmt: WeightFormat | None = None) -> tuple[DrafterConfig, Params]:
+    """An HF `Gemma4AssistantForCausalLM` checkpoint (config.json + safetensors) → (config, host
+    arrays in `drafter_specs`' tree). Layer tensors sit under `model.`; `pre_projection`,
+    `post_projection` and `masked_embedding.*` at the top level; every shape is checked."""
+    import copy
+
+    from g4bench.model.checkpoint import CheckpointError, TensorIndex, _expect, _load_linear, _np_dtype
+
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        raise CheckpointError(f"{directory} has no config.json")
+    dc = DrafterConfig.from_hf_dict(json.loads((directory / "config.json").read_text()), name=directory.name)
+    fmt = fmt or WeightFormat(layers="bf16", ple="bf16", embed="bf16")
+    index = TensorIndex(directory)
+    top = copy.copy(index)
+    top.prefix = ""
+    specs = drafter_specs(dc, fmt)
+
+    def norm(ix: TensorIndex, name: str, dim: int) -> np.ndarray:
+        return _expect(ix, name, ix.get(name), (dim,)).astype(np.float32)
+
+    def lin(ix: TensorIndex, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        from g4bench.model.params import linear_dims
+
+        return _load_linear(ix, name, *linear_dims(spec), fmt.layers)
+
+    H = dc.text.hidden_size
+    embed = _expect(index, "embed_tokens.weight", index.get("embed_tokens.weight"), (dc.text.vocab_size, H))
+    params: Params = {
+        "embed": embed.astype(_np_dtype(fmt.embed)),
+        "pre_proj": lin(top, "pre_projection", specs["pre_proj"]),
+        "post_proj": lin(top, "post_projection", specs["post_proj"]),
+        "final_norm": norm(index, "norm.weight", H),
+        "layers": [],
+    }
+    if dc.use_ordered_embeddings:
+        params["centroids"] = lin(top, "masked_embedding.centroids", specs["centroids"])
+        order = _expect(top, "masked_embedding.token_ordering", top.get("masked_embedding.token_ordering"),
+                        (dc.text.vocab_size,))  # fmt: skip
+        params["token_ordering"] = order.astype(np.int32)
+    for i, layer_spec in enumerate(specs["layers"]):
+        layer: Params = {}
+        for short, spec in layer_spec.items():
+            name = f"layers.{i}.{_LAYER_NAMES[short]}"
+            if short == "layer_scalar":
+                value = index.get(name) if index.has(name) else index.get(f"{name}.weight")
+                layer[short] = _expect(index, name, np.asarray(value).reshape(-1), (1,)).astype(np.float32)
+            elif isinstance(spec, dict):
+                layer[short] = lin(index, name, spec)
+            else:
+                layer[short] = norm(index, f"{name}.weight", spec.shape[0])
+        params["layers"].append(layer)
+    return dc, params

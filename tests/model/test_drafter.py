@@ -161,3 +161,21 @@ def test_draft_step_matches_transformers(ordered):
         np.asarray(hidden[0]), ref_hidden, atol=1e-4 * max(np.abs(ref_hidden).max(), 1)
     )
     assert int(np.argmax(logits[0])) == int(np.argmax(ref_logits))
+
+
+def test_checkpoint_loads_into_the_spec_tree(tmp_path):
+    """transformers' save_pretrained of the drafter → load_drafter (no torch) → the same arrays the
+    parity test copies by hand, so the loaded drafter computes the same logits."""
+    import jax
+
+    from g4bench.model.drafter import load_drafter
+
+    raw = json.loads((CONFIG_DIR / "tiny-a-assistant.json").read_text())
+    model = _hf_model(raw, seed=4).float()
+    model.save_pretrained(tmp_path / "ck")
+    dc, params = load_drafter(tmp_path / "ck", F32)
+    assert dc.use_ordered_embeddings and dc.backbone_hidden_size == 64
+    want = _our_params(model, dc)
+    assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(drafter_specs(dc, F32))
+    for got, exp in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(exp))
