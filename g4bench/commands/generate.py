@@ -38,6 +38,10 @@ def generate(
     seed: Annotated[int, typer.Option(help="Sampling, prompt-id and synthetic-weight seed")] = 0,
     ignore_eos: Annotated[bool, typer.Option(help="Keep generating past EOS (fixed-length timing)")] = False,
     ids: Annotated[bool, typer.Option("--ids", help="Print token ids instead of text on stdout")] = False,
+    draft_model: Annotated[
+        str | None, typer.Option(help="Also decode speculatively with this draft model (batch 1)")
+    ] = None,
+    spec_k: Annotated[int, typer.Option(help="--draft-model: drafts per verify call")] = 3,
 ) -> None:
     """Generate once and report prefill ms and decode tok/s (compile time apart)."""
     from rich.console import Console
@@ -52,6 +56,10 @@ def generate(
         raise typer.Exit(code=2)
     if kv_dtype not in ("bf16", "int8") or sliding_kv not in ("ring", "full"):
         console.print("[red]--kv-dtype must be bf16|int8 and --sliding-kv ring|full[/]")
+        raise typer.Exit(code=2)
+
+    if draft_model is not None and (batch != 1 or top_k or top_p < 1.0 or spec_k < 1):
+        console.print("[red]--draft-model needs --batch 1, no --top-k/--top-p, and --spec-k >= 1[/]")
         raise typer.Exit(code=2)
 
     import time
@@ -128,5 +136,10 @@ def generate(
             f"({run.decode_s * 1e3 / steps:.1f} ms/step median {np.median(run.step_s) * 1e3:.1f}), "
             f"{run.decode_tokens / run.decode_s:.1f} tok/s aggregate at batch {batch}"
         )
+    if draft_model is not None:
+        from g4bench.commands.spec_generate import run_speculative
+
+        run_speculative(cfg, params, ecfg, ids_in, run.outputs[0], max_tokens, draft_model=draft_model, k=spec_k,
+                        temperature=temperature, seed=seed, ignore_eos=ignore_eos, console=console)  # fmt: skip
     for out in run.outputs:
         typer.echo(" ".join(map(str, out)) if ids else tokenizer.decode(out))

@@ -38,6 +38,15 @@ def plan(
     ] = "agents",
     slo: Annotated[Path, typer.Option(help="Goodput objectives (TOML), as serve-load.")] = _SLO,
     out: Annotated[Path | None, typer.Option(help="Output folder. (default results/<run-id>)")] = None,
+    spec_k: Annotated[
+        int | None,
+        typer.Option(help="Price speculative decoding with K drafts per verify step (instead of sizing)."),
+    ] = None,
+    accept_rate: Annotated[
+        float, typer.Option(help="--spec-k: per-draft acceptance rate α in [0, 1].")
+    ] = 0.7,
+    spec_batches: Annotated[str, typer.Option(help="--spec-k: batch sizes, comma-separated.")] = "1,4,8,32",
+    spec_ctx: Annotated[int, typer.Option(help="--spec-k: context length of every sequence.")] = 8192,
 ) -> None:
     """Predict serve-load from a step-time profile: validate against measured runs, or size a fleet
     (agents per chip at the SLO attainment target, chips, $/M output tokens, $/agent-hour)."""
@@ -58,6 +67,16 @@ def plan(
     run_dir = out or create_run_dir(Path("results"), "plan")
     try:
         tgt = planner.resolve_target(target, profile, model)
+        if spec_k is not None:
+            from harness.sim.speculative import print_speculative, run_speculative
+
+            batches = tuple(int(b) for b in (str_list(spec_batches) or ("1", "4", "8", "32")))
+            doc = run_speculative(tgt, k=spec_k, accept_rate=accept_rate, batches=batches, ctx=spec_ctx)
+            print_speculative(doc, console)
+            console.print(
+                f"  written: {planner.write_json(run_dir / 'speculative.json', doc)}", soft_wrap=True
+            )
+            return
         if validate:
             docs = planner.run_validate(list(validate), tgt, run_dir, console)
             console.print(

@@ -224,8 +224,12 @@ def init_params(cfg: ModelConfig, fmt: WeightFormat, seed: int = 0) -> Params:
     """Synthetic weights with the exact checkpoint shapes: valid for timing and memory, not quality.
 
     Norm weights are 1, layer scalars 1, W4A16 scales sized so dequantized weights have std ≈ 0.02."""
+    return init_tree(param_specs(cfg, fmt), seed)
+
+
+def init_tree(specs: Params, seed: int = 0) -> Params:
+    """`init_params`'s leaf rules over any spec tree (the drafter's too: g4bench/model/drafter.py)."""
     blocks = _BlockSource(np.random.default_rng(seed))
-    specs = param_specs(cfg, fmt)
 
     def leaf(path: tuple[Any, ...], spec: jax.ShapeDtypeStruct) -> jax.Array:
         name = str(getattr(path[-1], "key", path[-1]))
