@@ -39,6 +39,7 @@ from g4bench.model.config import FULL, SLIDING, ModelConfig
 from g4bench.model.kv_cache import Cache, CacheLayout, entry_dtypes, quantize_kv
 from g4bench.model.kv_cache import as_bits as _as_bits
 from g4bench.model.kv_cache import from_bits as _from_bits
+from g4bench.model.paged_kernels import PagedKernel
 from g4bench.model.paged_kv import PagedKeys, paged_update_and_read
 from g4bench.model.quant import dequantize_ple_rows, unpack_w4a16
 
@@ -209,7 +210,7 @@ def forward(
     compute_dtype: Any = jnp.float32,
     rows: jax.Array | None = None,
     tables: dict[str, jax.Array] | None = None,
-    attention_block: int | None = None,
+    attention_block: int | PagedKernel | None = None,
 ) -> tuple[jax.Array, Cache]:
     """Run the model over tokens i32[B, T] written at positions start[b] + t for t < n_valid[b].
 
@@ -222,8 +223,11 @@ def forward(
     row's last real token, and the updated cache (rows with n_valid 0 unchanged).
     `attention_block` (static): attend over key blocks of that many keys, visiting only those some
     real query can see (model/attention.py's attend_blocked; the engine's CPU prefill and decode);
-    None: one pass over every key read."""
+    None: one pass over every key read. A `PagedKernel` (model/paged_kernels.py): every layer attends
+    through the Pallas paged kernel, which reads the pools in place (a paged layout only)."""
     B, T = tokens.shape
+    kernel = attention_block if isinstance(attention_block, PagedKernel) else None
+    attention_block = None if kernel is not None else attention_block
     if layout.paged and tables is None:
         raise ValueError("a paged cache layout needs block tables")
     cdt = compute_dtype
@@ -312,9 +316,11 @@ def forward(
         paged = (
             kv if isinstance(kv, PagedKeys) and attention_block and attention_block % kv.block_size == 0 else None
         )
-        dense = {} if paged is not None else kv.gather() if isinstance(kv, PagedKeys) else kv
+        dense = {} if paged is not None or kernel is not None else kv.gather() if isinstance(kv, PagedKeys) else kv
         keys, vals, kscale, vscale = (dense.get(name) for name in ("k", "v", "ks", "vs"))
-        if attention_block:
+        if kernel is not None:
+            a = kernel(q, kv, key_pos, q_pos, n_valid, window)
+        elif attention_block:
             a = attend_blocked(q, keys, vals, kscale, vscale, key_pos, key_ok, q_pos, valid_q,
                                window=window, block=attention_block, paged=paged)  # fmt: skip
         else:

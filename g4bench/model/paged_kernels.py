@@ -45,6 +45,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from g4bench.model.kv_cache import from_bits
+from g4bench.model.paged_kv import PagedKeys
 
 NEG_INF = -1e30
 LANES = 128  # the m / l scratch rows are one lane tile wide (Mosaic slices tiles, not lanes)
@@ -270,6 +271,8 @@ class PagedKernel:
                  window: int | None) -> jax.Array:  # fmt: skip
         """q [B, Tq, nh, hd] at positions q_pos [B, Tq] (contiguous per row), the first
         min(n_valid, Tq) real; `paged` a paged_kv.PagedKeys with its key positions [B, K]."""
+        if not isinstance(paged, PagedKeys):
+            raise ValueError(f"the Pallas paged kernel reads a paged cache's pools, got {type(paged).__name__}")
         return paged_attention(
             q, paged.pools, paged.ids, key_pos[:, 0] // paged.block_size, q_pos[:, 0],
             jnp.minimum(n_valid, q.shape[1]), dtypes=paged.dtypes, window=window,
