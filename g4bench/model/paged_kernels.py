@@ -272,7 +272,9 @@ class PagedKernel:
         """q [B, Tq, nh, hd] at positions q_pos [B, Tq] (contiguous per row), the first
         min(n_valid, Tq) real; `paged` a paged_kv.PagedKeys with its key positions [B, K]."""
         if not isinstance(paged, PagedKeys):
-            raise ValueError(f"the Pallas paged kernel reads a paged cache's pools, got {type(paged).__name__}")
+            raise ValueError(
+                f"the Pallas paged kernel reads a paged cache's pools, got {type(paged).__name__}"
+            )
         return paged_attention(
             q, paged.pools, paged.ids, key_pos[:, 0] // paged.block_size, q_pos[:, 0],
             jnp.minimum(n_valid, q.shape[1]), dtypes=paged.dtypes, window=window,

@@ -154,7 +154,9 @@ def test_bf16_within_its_floor(name: str) -> None:
     assert 0 < floor < 0.1 and delta <= 2 * floor
 
 
-@pytest.mark.parametrize("name", ["decode, window read (ring group), hd 256", "prefill chunk across blocks, GQA, hd 512"])
+@pytest.mark.parametrize(
+    "name", ["decode, window read (ring group), hd 256", "prefill chunk across blocks, GQA, hd 512"]
+)
 def test_int8_scales_match_attend(name: str) -> None:
     """int8 K/V with one bf16 scale per token and head, folded in as `attend` folds them."""
     shape, window, kw = CASES[name]
@@ -165,7 +167,9 @@ def test_int8_scales_match_attend(name: str) -> None:
 def test_shared_kv_layer_one_query() -> None:
     """A KV-shared layer after the last-token cut: one query per row at its last real position,
     attending the source layer's read of the whole chunk (forward.py)."""
-    r = _read(9, B=2, T=16, nh=8, kvh=1, hd=512, starts=[20, 3], n_valid=[16, 7], window_read=None, kv_dtype="f32")
+    r = _read(
+        9, B=2, T=16, nh=8, kvh=1, hd=512, starts=[20, 3], n_valid=[16, 7], window_read=None, kv_dtype="f32"
+    )
     last = r["n_valid"] - 1
     b = jnp.arange(2)
     q1, pos1 = r["q"][b, last][:, None], r["positions"][b, last][:, None]
@@ -213,7 +217,9 @@ def test_soft_cap_and_scale_match_jax_ragged_paged_attention() -> None:
     ours_ragged = np.concatenate([ours[i, : nv[i]] for i in range(3)]).reshape(-1, 4, 256)
     theirs = _jax_ragged(r, window, soft_cap, scale)
     delta = float(np.abs(ours_ragged - theirs).max())
-    PARITY.append(("f32 soft cap 5, scale 1/8, window 24, GQA vs JAX ref_ragged_paged_attention", delta, F32_TOL))
+    PARITY.append(
+        ("f32 soft cap 5, scale 1/8, window 24, GQA vs JAX ref_ragged_paged_attention", delta, F32_TOL)
+    )
     assert delta <= F32_TOL
 
 
