@@ -18,11 +18,14 @@ computed synchronously, and then attaches its matcher to the pipeline for the de
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from g4bench.engine.grammar import TokenConstraint, bitmask_words
 from g4bench.engine.logprobs import TokenLogprob
 from g4bench.engine.mask_pipeline import MaskPipeline
+from g4bench.engine.mixed import Piece
 
 
 class AgentStep:
@@ -33,25 +36,44 @@ class AgentStep:
         self.masks: MaskPipeline | None = None  # created with the first constrained request
 
     def decode(
-        self, tokens: np.ndarray, positions: np.ndarray, active: np.ndarray, logprobs: dict[int, int]
-    ) -> tuple[np.ndarray, dict[int, TokenLogprob]]:
-        """One step for every slot -> (next ids i32[S], {slot: logprob row} for `logprobs` {slot: k})."""
+        self,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        active: np.ndarray,
+        logprobs: dict[int, int],
+        pieces: Sequence[Piece] = (),
+    ) -> tuple[np.ndarray, dict[int, TokenLogprob], dict[int, int]]:
+        """One step for every slot -> (next ids i32[S], {slot: logprob row} for `logprobs` {slot: k},
+        {slot: first token} of `pieces`). With pieces the forward is the engine's mixed step
+        (`Engine.step(..., decode_logits=True)`), so prefill rides along in the same call."""
         masks = self.masks if self.masks is not None and self.masks.active else None
         if masks is not None:
             masks.submit()
+        first: dict[int, int] = {}
         try:
-            logits = self.engine.decode_logits(tokens, positions, active)
+            if pieces:
+                logits, first = self.engine.step(tokens, positions, active, pieces, decode_logits=True)
+            else:
+                logits = self.engine.decode_logits(tokens, positions, active)
         finally:
             bitmask = masks.wait() if masks is not None else None
         out = self.engine.sample_logits(logits, positions, np.arange(self.max_slots), bitmask)
-        return out, self._rows(logits, out, {slot: (slot, k) for slot, k in logprobs.items()})
+        return out, self._rows(logits, out, {slot: (slot, k) for slot, k in logprobs.items()}), first
 
     def first_token(
-        self, slot: int, position: int, token: int, constraint: TokenConstraint | None, logprobs: int | None
+        self,
+        slot: int,
+        position: int,
+        token: int,
+        constraint: TokenConstraint | None,
+        logprobs: int | None,
+        logits=None,
     ) -> tuple[int, TokenLogprob | None]:
         """The first token of a request whose prefill just sampled `token` from position `position`:
-        under its grammar's first mask when it has one (its matcher then joins the pipeline)."""
-        logits = self.engine.last_logits
+        under its grammar's first mask when it has one (its matcher then joins the pipeline).
+        `logits` [1, V]: the prefill's last logits (None: the engine's `last_logits`, the chunk
+        policy's prefill call; the mixed step passes `engine.piece_logits(slot)`)."""
+        logits = self.engine.last_logits if logits is None else logits
         if constraint is not None:
             bitmask = np.empty((1, bitmask_words(self.vocab_size)), np.int32)
             constraint.fill_bitmask(bitmask[0])
@@ -72,7 +94,9 @@ class AgentStep:
         if self.masks is not None:
             self.masks.close()
 
-    def _rows(self, logits, chosen: np.ndarray, wanted: dict[int, tuple[int, int]]) -> dict[int, TokenLogprob]:
+    def _rows(
+        self, logits, chosen: np.ndarray, wanted: dict[int, tuple[int, int]]
+    ) -> dict[int, TokenLogprob]:
         """{slot: TokenLogprob} for `wanted` {slot: (row in logits, top k)}."""
         if not wanted:
             return {}

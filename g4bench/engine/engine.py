@@ -55,6 +55,7 @@ import numpy as np
 
 from g4bench.engine.grammar import apply_token_bitmask
 from g4bench.engine.logprobs import step_logprobs
+from g4bench.engine.mixed import PIECE_TOKENS, Piece, check_pieces, mixed_step, pack, row_buckets
 from g4bench.engine.sampling import SamplingParams, SamplingState, sample
 from g4bench.model.config import SLIDING, ModelConfig
 from g4bench.model.forward import forward
@@ -99,10 +100,11 @@ class EngineConfig:
     kv_blocks: int | None = None  # paged "full"-group blocks; None: max_slots × max_len / block_size
     cached_windows: int = 4  # paged: cached sliding windows per slot, beyond the running sequences'
     # One call's token budget (decode rows + prefill tokens) and how the scheduler fills it:
-    # "mixed" (decode + budgeted chunks of several prompts in one call) or "chunk" (one prefill
-    # chunk per loop turn beside a separate decode call). See g4bench/engine/served_step.py.
+    # "mixed" (decode + budgeted chunks of several prompts in one call; paged only) or "chunk" (one
+    # prefill chunk per loop turn beside a separate decode call); None: mixed when paged.
+    # See g4bench/engine/mixed.py and served_step.py.
     max_batched_tokens: int = 512
-    prefill_policy: str = "mixed"
+    prefill_policy: str | None = None
     # Decode also returns its f32 [slots, V] logits (Engine.last_logits: tests, verify). Off when
     # serving: at 170 slots × 262,144 that output alone is 0.18 GB of HBM that could hold KV.
     keep_logits: bool = False
@@ -112,8 +114,10 @@ class EngineConfig:
             raise ValueError(f"sliding_kv must be 'ring' or 'full', got {self.sliding_kv!r}")
         if self.kv_layout not in ("paged", "contiguous"):
             raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
-        if self.prefill_policy not in ("mixed", "chunk"):
+        if self.prefill_policy not in (None, "mixed", "chunk"):
             raise ValueError(f"prefill_policy must be 'mixed' or 'chunk', got {self.prefill_policy!r}")
+        if self.prefill_policy == "mixed" and not self.paged:
+            raise ValueError("prefill_policy 'mixed' needs the paged KV layout (kv_layout='paged')")
         if self.max_batched_tokens < 1:
             raise ValueError(f"max_batched_tokens must be positive, got {self.max_batched_tokens}")
         if self.max_slots < 1 or self.max_len < 1 or self.chunk_size < 1:
@@ -126,6 +130,16 @@ class EngineConfig:
     @property
     def paged(self) -> bool:
         return self.kv_layout == "paged"
+
+    @property
+    def policy(self) -> str:
+        """The prefill policy the scheduler runs: the one set, else mixed when paged."""
+        return self.prefill_policy or ("mixed" if self.paged else "chunk")
+
+    @property
+    def row_buckets(self) -> tuple[int, ...]:
+        """Mixed step: the piece-row counts a call may carry (g4bench/engine/mixed.py)."""
+        return row_buckets(self.max_batched_tokens, self.chunk_size)
 
     def window_blocks_per_seq(self, cfg: ModelConfig) -> int:
         """Paged: the most window blocks one sequence holds at once (keys within W of a chunk)."""
@@ -242,7 +256,9 @@ class Engine:
         self.eos_token_ids = frozenset(cfg.eos_token_ids)
         self.last_logits: jax.Array | None = None  # most recent call's logits (decode: keep_logits only)
         donate = (1,) if self.ecfg.donate else ()
-        bound = dict(cfg=cfg, layout=self.layout, cdt=self.compute_dtype, attention_block=self.attention_block)
+        bound = dict(
+            cfg=cfg, layout=self.layout, cdt=self.compute_dtype, attention_block=self.attention_block
+        )
 
         def step_program(fn, **extra):
             """`fn` jitted with this engine's static arguments; the KV bucket is the one left static."""
@@ -251,6 +267,9 @@ class Engine:
         self._prefill = step_program(_prefill_step)
         self._decode = step_program(_decode_step, keep_logits=self.ecfg.keep_logits)
         self._forward = step_program(_decode_forward)
+        self._mixed = step_program(mixed_step)
+        self._mixed_logits = step_program(mixed_step, sample_decode=False)
+        self._piece_logits: dict[int, jax.Array] = {}  # slot → logits [V] of its last piece (last step)
         self._sample = jax.jit(partial(_masked_sample, eos_ids=tuple(cfg.eos_token_ids)))
         self._copy = jax.jit(_copy_row, donate_argnums=(0,) if self.ecfg.donate else ())
 
@@ -347,6 +366,66 @@ class Engine:
         self.last_logits = logits
         return logits
 
+    def step(
+        self,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        active: np.ndarray,
+        pieces: Sequence[Piece],
+        *,
+        decode_logits: bool = False,
+    ) -> tuple[Any, dict[int, int]]:
+        """The mixed step (g4bench/engine/mixed.py): every active slot's next token (as `decode`)
+        and the prefill `pieces` of other slots in one call. Returns (decode next ids i32[S], or
+        with `decode_logits` the f32 [S, V] logits on the device for `sample_logits`; {slot: first
+        token} of each piece with sampling). `piece_logits(slot)` then holds each piece's last logits."""
+        active = np.asarray(active, bool)
+        positions = np.asarray(positions, np.int32)
+        e = self.ecfg
+        n_rows = check_pieces(pieces, max_slots=e.max_slots, chunk_size=e.chunk_size, max_len=e.max_len,
+                              active=active)  # fmt: skip
+        if not pieces:
+            raise ValueError("a mixed step needs at least one prefill piece (use decode otherwise)")
+        rows = bucket_for(n_rows, e.row_buckets)
+        for p in pieces:
+            if p.sampling is not None:
+                self.sampling = self.sampling.with_slot(p.slot, p.sampling)
+        packed = pack(pieces, rows)
+        top = max(p.start + len(p.tokens) for p in pieces)
+        kv_len = bucket_for(max(top, decode_kv_len(e, positions, active)), e.kv_buckets)
+        program = self._mixed_logits if decode_logits else self._mixed
+        self.cache, p_logits, d_out, p_next = program(
+            self.params,
+            self.cache,
+            self.sampling,
+            jnp.asarray(tokens, jnp.int32),
+            jnp.asarray(positions),
+            jnp.asarray(active),
+            {g: jnp.asarray(t.copy()) for g, t in self.tables.items()},
+            jnp.asarray(packed.tokens),
+            jnp.asarray(packed.start),
+            jnp.asarray(packed.n_valid),
+            jnp.asarray(packed.slots),
+            jnp.asarray(packed.pick),
+            kv_len=kv_len,
+        )
+        self._piece_logits = {slot: p_logits[packed.pick_index(slot)] for slot in packed.sampled_rows}
+        first = np.asarray(p_next) if packed.sampled_rows else None
+        out = (
+            {slot: int(first[packed.pick_index(slot)]) for slot in packed.sampled_rows}
+            if first is not None
+            else {}
+        )
+        return (d_out if decode_logits else np.asarray(d_out)), out
+
+    def piece_logits(self, slot: int) -> jax.Array:
+        """f32 [1, V]: the logits at the last position of `slot`'s sampling piece in the last `step`."""
+        return self._piece_logits[slot][None]
+
+    @property
+    def piece_tokens(self) -> int:
+        return PIECE_TOKENS
+
     def sample_logits(
         self, logits: jax.Array, positions: np.ndarray, rows: np.ndarray, bitmask: np.ndarray | None
     ) -> np.ndarray:
@@ -386,10 +465,29 @@ class Engine:
                 self.prefill(0, [self.cfg.pad_token_id] * min(chunk, self.ecfg.max_len - start), start)
             positions = np.full((self.ecfg.max_slots,), kv_len - 1, np.int32)
             self.decode(np.zeros_like(positions), positions, np.ones_like(positions, bool))
+            if self.ecfg.policy == "mixed":
+                self._warm_mixed(kv_len)
         if not self.layout.paged:
             self.copy_slot(0, 0)
         jax.block_until_ready(self.cache)
         return time.perf_counter() - t0
+
+    def _warm_mixed(self, kv_len: int) -> None:
+        """Compile the mixed step at every row bucket for KV bucket `kv_len` (slot 0 decodes, the
+        pieces go to slots 1..; with one slot, pieces only)."""
+        S, e = self.ecfg.max_slots, self.ecfg
+        positions = np.full((S,), max(0, min(kv_len, e.max_len) - 1), np.int32)
+        active = np.zeros(S, bool)
+        active[0] = S > 1
+        for rows in e.row_buckets:
+            pieces, left, slot = [], rows * PIECE_TOKENS, 1 if S > 1 else 0
+            while left > 0 and slot < S:
+                n = min(left, e.chunk_size, e.max_len)
+                start = max(0, min(kv_len, e.max_len) - n)
+                pieces.append(Piece(slot, [self.cfg.pad_token_id] * n, start))
+                left -= -(-n // PIECE_TOKENS) * PIECE_TOKENS
+                slot += 1
+            self.step(np.zeros(S, np.int32), positions, active, pieces)
 
     def generate(
         self,
@@ -453,7 +551,20 @@ class Generation:
 
 # ---------------------------------------------------------------------------- jitted programs
 def _prefill_step(
-    params, cache, sampling, tokens, start, n_valid, slot, tables, *, cfg, layout, cdt, kv_len, attention_block
+    params,
+    cache,
+    sampling,
+    tokens,
+    start,
+    n_valid,
+    slot,
+    tables,
+    *,
+    cfg,
+    layout,
+    cdt,
+    kv_len,
+    attention_block,
 ):
     """One slot's chunk: the model writes the chunk's positions of cache row `slot` (paged: of the
     blocks its table row names) and reads that row's first kv_len positions; nothing else of the

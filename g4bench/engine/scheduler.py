@@ -16,6 +16,12 @@ queue and wakes the engine thread. The engine thread repeats:
    first token. (Paged: if the pools lack blocks for the whole request even after evicting every
    cached block, the prompt waits at the head until running requests finish.)
 
+Steps 3 and 4 are the "chunk" policy. The "mixed" policy (the default when paged,
+`EngineConfig.policy`) folds them into one `engine.step` call: every decoding slot's token plus
+prefill chunks of as many admitted prompts as fit the token budget (`max_batched_tokens`), so a
+burst prefills together and a running stream waits at most one budgeted call
+(g4bench/engine/mixed_turn.py).
+
 With nothing to do it sleeps on a condition variable. Every sampled token goes to the request's
 `RequestSink.on_token` (in the engine thread; the server turns it into text and hands it to
 asyncio). A request stops on an EOS / stop id (unless `ignore_eos`), when its sink reports a
@@ -69,6 +75,7 @@ from g4bench.engine.agent_step import AgentStep
 from g4bench.engine.block_cache import BlockCache
 from g4bench.engine.grammar import TokenConstraint
 from g4bench.engine.logprobs import TokenLogprob
+from g4bench.engine.mixed_turn import MixedTurn
 from g4bench.engine.prefix_cache import SlotTable
 from g4bench.engine.sampling import SamplingParams
 
@@ -151,7 +158,7 @@ class _Request:
     times: list[float] = field(default_factory=list)
 
 
-class Scheduler:
+class Scheduler(MixedTurn):
     """Owns an engine and its slots; see the module docstring for the loop."""
 
     def __init__(
@@ -187,6 +194,9 @@ class Scheduler:
         else:
             self.table = SlotTable(self.max_slots, copy_min=copy_min)
         self.agent = AgentStep(engine, self.max_slots, self.vocab_size)  # grammars and logprobs
+        ecfg = engine.ecfg
+        self.mixed = self.paged and getattr(ecfg, "policy", "chunk") == "mixed"
+        self.max_batched_tokens: int = getattr(ecfg, "max_batched_tokens", self.chunk_size)
         self.observers: list[SchedulerObserver] = []
         self.warmup_s: float | None = None
         self.steps = 0
@@ -305,11 +315,15 @@ class Scheduler:
             log.exception("failing the remaining requests failed")
 
     def step(self) -> None:
-        """One loop turn: cancellations, admission, one decode step, at most one prefill chunk.
-        The engine thread calls it; the simulator (harness/sim) calls it directly, without the
-        thread, to drive this exact loop on a virtual clock."""
+        """One loop turn: cancellations, admission, then one mixed engine call (mixed policy) or one
+        decode step and at most one prefill chunk (chunk policy). The engine thread calls it; the
+        simulator (harness/sim) calls it directly, without the thread, to drive this exact loop on
+        a virtual clock."""
         self._apply_cancels()
         self._admit()
+        if self.mixed:
+            self._mixed_step()
+            return
         self._decode_step()
         self._prefill_step()
 
@@ -379,12 +393,36 @@ class Scheduler:
             self._prefilling.append(req)
 
     def _decode_step(self) -> None:
+        batch, split = self._decode_batch()
+        if batch:
+            self._run_decode(batch, split)
+
+    def _run_decode(self, batch: list[_Request], split: bool) -> None:
+        """One decode call over `batch`; an exception fails the requests in it."""
+        try:
+            tokens, positions, active = self._decode_inputs(batch)
+            if split:
+                out, rows, _ = self.agent.decode(tokens, positions, active, self._wanted_logprobs(batch))
+            else:
+                out, rows = np.asarray(self.engine.decode(tokens, positions, active)), {}
+        except Exception as exc:
+            log.exception("decode step failed; failing its %d requests", len(batch))
+            for r in batch:
+                self._finish(r, "error", error=f"decode failed: {exc}", keep=False)
+            return
+        self._deliver_decode(batch, out, rows)
+
+    def _decode_batch(self) -> tuple[list[_Request], bool]:
+        """The requests with a token to feed, and whether the step must be split (a grammar or
+        logprobs among them; their matchers have then consumed the token: refused ones are failed)."""
         batch = [r for r in self._running.values() if r.next_token is not None]
         split = any(r.params.constraint is not None or r.params.logprobs is not None for r in batch)
         if split:
             batch = self._advance_constraints(batch)
-        if not batch:
-            return
+        return batch, split
+
+    def _decode_inputs(self, batch: list[_Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens, positions, active) [max_slots] for a decode over `batch`; paged: blocks held."""
         tokens = np.zeros(self.max_slots, np.int32)
         positions = np.zeros(self.max_slots, np.int32)
         active = np.zeros(self.max_slots, bool)
@@ -393,25 +431,19 @@ class Scheduler:
             tokens[r.slot] = r.next_token
             positions[r.slot] = len(self.table.slots[r.slot].tokens)
             active[r.slot] = True
-        rows: dict[int, TokenLogprob] = {}
-        try:
             if self.paged:
                 assert isinstance(self.table, BlockCache)
-                for r in batch:
-                    assert r.slot is not None
-                    self.table.prepare(r.slot, int(positions[r.slot]), 1)
-            if split:
-                wanted = {
-                    r.slot: r.params.logprobs for r in batch if r.slot is not None and r.params.logprobs is not None
-                }
-                out, rows = self.agent.decode(tokens, positions, active, wanted)
-            else:
-                out = np.asarray(self.engine.decode(tokens, positions, active))
-        except Exception as exc:
-            log.exception("decode step failed; failing its %d requests", len(batch))
-            for r in batch:
-                self._finish(r, "error", error=f"decode failed: {exc}", keep=False)
-            return
+                self.table.prepare(r.slot, int(positions[r.slot]), 1)
+        return tokens, positions, active
+
+    @staticmethod
+    def _wanted_logprobs(batch: list[_Request]) -> dict[int, int]:
+        return {
+            r.slot: r.params.logprobs for r in batch if r.slot is not None and r.params.logprobs is not None
+        }
+
+    def _deliver_decode(self, batch: list[_Request], out: np.ndarray, rows: dict[int, TokenLogprob]) -> None:
+        """Record the fed tokens and hand each request its sampled one."""
         self.steps += 1
         self._notify("on_step", len(batch), self.max_slots)
         now = self.clock()

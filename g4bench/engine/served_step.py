@@ -47,13 +47,15 @@ class ServedStep:
     block_size: int = 16
     chunk_size: int = 256
     max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
-    prefill_policy: str = "mixed"
+    prefill_policy: str | None = None  # None: mixed when paged, chunk when contiguous
     attention: str = "auto"
 
     def __post_init__(self) -> None:
         choices = {"kv_layout": KV_LAYOUTS, "sliding_kv": SLIDING_KV, "kv_dtype": KV_DTYPES,
                    "prefill_policy": PREFILL_POLICIES}  # fmt: skip
         for name, allowed in choices.items():
+            if name == "prefill_policy" and self.prefill_policy is None:
+                continue
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
         for name in ("block_size", "chunk_size", "max_batched_tokens"):
@@ -90,7 +92,7 @@ class ServedStep:
 
     def describe(self) -> str:
         layout = f"paged/{self.block_size}" if self.kv_layout == "paged" else "contiguous"
-        policy = (f"mixed ≤{self.max_batched_tokens} tokens" if self.prefill_policy == "mixed"
+        policy = (f"mixed ≤{self.max_batched_tokens} tokens" if self.policy == "mixed"
                   else "one chunk per turn")  # fmt: skip
         parts = [layout, f"{self.sliding_kv} sliding KV", f"{self.kv_dtype} KV",
                  "donated" if self.donate else "copying", policy, f"chunk {self.chunk_size}"]  # fmt: skip
@@ -98,8 +100,14 @@ class ServedStep:
             parts.append(f"attention {self.attention}")
         return " · ".join(parts)
 
+    @property
+    def policy(self) -> str:
+        """The prefill policy this step runs: the one set, else mixed when paged."""
+        return self.prefill_policy or ("mixed" if self.kv_layout == "paged" else "chunk")
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field, the prefill policy resolved (what a profile records)."""
+        return {**asdict(self), "prefill_policy": self.policy}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ServedStep:
@@ -113,4 +121,5 @@ class ServedStep:
     def differences(self, other: ServedStep, *, fields_: tuple[str, ...] | None = None) -> list[str]:
         """`name: mine vs theirs` for every field (of `fields_`, default all) where the steps differ."""
         names = fields_ or tuple(f.name for f in fields(self))
-        return [f"{n}: {getattr(self, n)} vs {getattr(other, n)}" for n in names if getattr(self, n) != getattr(other, n)]
+        mine, theirs = self.to_dict(), other.to_dict()
+        return [f"{n}: {mine[n]} vs {theirs[n]}" for n in names if mine[n] != theirs[n]]

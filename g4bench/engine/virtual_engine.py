@@ -14,7 +14,8 @@ sequence with a recording of the real engine on the same requests).
 
 Sampled tokens are a fixed function of (slot, position) that is never an EOS id: the simulated
 workloads force their output lengths (`ignore_eos`), so token values never steer the schedule.
-`copy_slot` (contiguous prefix sharing) is priced as program "copy" (rows 1, tokens = max_len).
+`copy_slot` (contiguous prefix sharing) is priced as program "copy" (rows 1, tokens = max_len); the
+mixed step (`step`) as program "mixed": its piece-row bucket × PIECE_TOKENS plus max_slots decode rows.
 
 Why it lives beside engine.py: the scheduler may only call what `Engine` offers; keeping the
 stand-in's methods next to the real ones (and a test that runs both) keeps them from drifting.
@@ -35,6 +36,7 @@ from g4bench.engine.engine import (
     decode_kv_len,
     default_tables,
 )
+from g4bench.engine.mixed import PIECE_TOKENS, Piece, check_pieces
 from g4bench.engine.sampling import SamplingParams
 from g4bench.model.config import ModelConfig
 
@@ -43,11 +45,17 @@ from g4bench.model.config import ModelConfig
 class EngineCall:
     """One dispatched program: `rows` sequences × `tokens` positions attending over `kv_len`."""
 
-    program: str  # "decode" | "prefill" | "copy"
-    rows: int
-    tokens: int
+    program: str  # "decode" | "prefill" | "mixed" | "copy"
+    rows: int  # mixed: piece rows (the row bucket)
+    tokens: int  # mixed: tokens per piece row
     kv_len: int
-    active: int = 0  # decode: rows that carry a live stream (the rest are computed and discarded)
+    active: int = 0  # decode / mixed: decode rows that carry a live stream (the rest are discarded)
+    decode_rows: int = 0  # mixed: the decode rows computed beside the pieces (max_slots)
+
+    @property
+    def batched_tokens(self) -> int:
+        """Token positions the call computes (padding included)."""
+        return self.rows * self.tokens + self.decode_rows
 
 
 class VirtualClock:
@@ -69,7 +77,7 @@ class VirtualClock:
 
 
 class VirtualEngine:
-    """`Engine`'s public API (prefill, decode, copy_slot, set_block_table, can_resume,
+    """`Engine`'s public API (prefill, decode, step, copy_slot, set_block_table, can_resume,
     set_suppress_eos, warmup, and the attributes the scheduler reads); see the module docstring."""
 
     def __init__(
@@ -113,6 +121,37 @@ class VirtualEngine:
         kv_len = decode_kv_len(self.ecfg, positions, active)
         self._run(EngineCall("decode", self.ecfg.max_slots, 1, kv_len, int(active.sum())))
         return np.full(self.ecfg.max_slots, self._token, np.int32)
+
+    def step(
+        self,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        active: np.ndarray,
+        pieces: Sequence[Piece],
+        *,
+        decode_logits: bool = False,
+    ) -> tuple[np.ndarray, dict[int, int]]:
+        if decode_logits:
+            raise ValueError(
+                "the virtual engine has no logits (simulated requests use no grammar or logprobs)"
+            )
+        active = np.asarray(active, bool)
+        positions = np.asarray(positions, np.int32)
+        e = self.ecfg
+        n_rows = check_pieces(pieces, max_slots=e.max_slots, chunk_size=e.chunk_size, max_len=e.max_len,
+                              active=active)  # fmt: skip
+        if not pieces:
+            raise ValueError("a mixed step needs at least one prefill piece (use decode otherwise)")
+        top = max(p.start + len(p.tokens) for p in pieces)
+        kv_len = bucket_for(max(top, decode_kv_len(e, positions, active)), e.kv_buckets)
+        rows = bucket_for(n_rows, e.row_buckets)
+        self._run(EngineCall("mixed", rows, PIECE_TOKENS, kv_len, int(active.sum()), e.max_slots))
+        first = {p.slot: self._token for p in pieces if p.sampling is not None}
+        return np.full(e.max_slots, self._token, np.int32), first
+
+    @property
+    def piece_tokens(self) -> int:
+        return PIECE_TOKENS
 
     def set_suppress_eos(self, slot: int, on: bool) -> None:
         """Nothing to ban: the stand-in never samples an EOS id."""

@@ -99,7 +99,9 @@ def attend_blocked(
     # which has no bf16 loop state (an f32 copy of every key and value read, each step).
     if paged is not None:
         if keys is not None or vals is not None or block % paged.block_size:
-            raise ValueError("a paged read takes no dense K/V and a block that is a multiple of its block size")
+            raise ValueError(
+                "a paged read takes no dense K/V and a block that is a multiple of its block size"
+            )
         K, kvh, dtypes = paged.num_keys, paged.pools["k"].shape[1], paged.dtypes
         has = set(paged.pools)
     else:

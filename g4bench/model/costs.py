@@ -247,6 +247,28 @@ def prefill_cost(
     return StepCost(bytes_by_part=parts, flops_by_part=flops)
 
 
+def mixed_cost(
+    cfg: ModelConfig,
+    fmt: WeightFormat,
+    layout: CacheLayout,
+    decode_rows: int,
+    piece_rows: int,
+    piece_tokens: int,
+    kv_len: int,
+) -> StepCost:
+    """One mixed call (g4bench/engine/mixed.py): `decode_rows` one-token rows plus `piece_rows`
+    prefill rows of `piece_tokens` positions, all attending over KV length `kv_len` (an upper
+    bound for pieces, which read only up to their own positions), the weights streamed once."""
+    dec = decode_cost(cfg, fmt, layout, decode_rows, kv_len)
+    pre = prefill_cost(cfg, fmt, layout, piece_tokens, kv_len, rows=piece_rows)
+    streamed = set(streamed_weight_bytes(cfg, fmt))
+    parts = {
+        k: v + (0 if k in streamed else pre.bytes_by_part.get(k, 0)) for k, v in dec.bytes_by_part.items()
+    }
+    flops = {k: v + pre.flops_by_part.get(k, 0) for k, v in dec.flops_by_part.items()}
+    return StepCost(bytes_by_part=parts, flops_by_part=flops)
+
+
 def describe(cost: StepCost) -> dict[str, Any]:
     """A JSON-ready summary: total bytes and FLOPs, each part, intensity."""
     return {

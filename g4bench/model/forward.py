@@ -29,6 +29,8 @@ key positions the same way, so the masks below serve both layouts.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -40,7 +42,7 @@ from g4bench.model.kv_cache import Cache, CacheLayout, entry_dtypes, quantize_kv
 from g4bench.model.kv_cache import as_bits as _as_bits
 from g4bench.model.kv_cache import from_bits as _from_bits
 from g4bench.model.paged_kernels import PagedKernel
-from g4bench.model.paged_kv import PagedKeys, paged_update_and_read
+from g4bench.model.paged_kv import PagedKeys, paged_read, paged_write
 from g4bench.model.quant import dequantize_ple_rows, unpack_w4a16
 
 
@@ -196,6 +198,24 @@ def _update_and_read(
 
 
 # ---------------------------------------------------------------------------- the pass
+@dataclass(frozen=True)
+class Segment:
+    """One batch of rows of a call: tokens i32[B, T] at positions start[b] + t for t < n_valid[b],
+    and (paged) the rows' block tables {group: i32[B, max_len // block_size]}."""
+
+    tokens: jax.Array
+    start: jax.Array
+    n_valid: jax.Array
+    tables: dict[str, jax.Array] | None = None
+    # i32[K]: the rows whose last-token logits are wanted (None: every row). Rows not named still
+    # write their K/V; from the first KV-shared layer on, only the named rows are computed.
+    logit_rows: jax.Array | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.tokens.shape[0], self.tokens.shape[1]
+
+
 def forward(
     params: dict[str, Any],
     tokens: jax.Array,
@@ -223,23 +243,53 @@ def forward(
     row's last real token, and the updated cache (rows with n_valid 0 unchanged).
     `attention_block` (static): attend over key blocks of that many keys, visiting only those some
     real query can see (model/attention.py's attend_blocked; the engine's CPU prefill and decode);
-    None: one pass over every key read. A `PagedKernel` (model/paged_kernels.py): every layer attends
-    through the Pallas paged kernel, which reads the pools in place (a paged layout only)."""
-    B, T = tokens.shape
-    kernel = attention_block if isinstance(attention_block, PagedKernel) else None
-    attention_block = None if kernel is not None else attention_block
-    if layout.paged and tables is None:
+    None: one pass over every key read."""
+    logits, cache = forward_segments(
+        params, [Segment(tokens, start, n_valid, tables)], cache, cfg, layout, kv_len=kv_len,
+        all_logits=all_logits, compute_dtype=compute_dtype, rows=rows, attention_block=attention_block,
+    )  # fmt: skip
+    return logits[0], cache
+
+
+def forward_segments(
+    params: dict[str, Any],
+    segments: Sequence[Segment],
+    cache: Cache,
+    cfg: ModelConfig,
+    layout: CacheLayout,
+    *,
+    kv_len: int | None = None,
+    all_logits: bool = False,
+    compute_dtype: Any = jnp.float32,
+    rows: jax.Array | None = None,
+    attention_block: int | PagedKernel | None = None,
+) -> tuple[list[jax.Array], Cache]:
+    """`forward` over several segments in one pass (the mixed step: a decode segment [S, 1] and a
+    segment of prefill pieces [P, piece]). Every linear runs once over all segments' token rows
+    (flattened to [N, hidden]), so the weights are read once; each KV-owning layer writes every
+    segment's K/V before any segment reads (paged), so a piece attends to the earlier pieces of its
+    prompt written in the same call; attention runs per segment at its own shape. More than one
+    segment needs the paged layout. Returns one logits array per segment (as `forward`'s)."""
+    if len(segments) > 1 and not layout.paged:
+        raise ValueError("several segments in one call need the paged cache layout")
+    if layout.paged and any(seg.tables is None for seg in segments):
         raise ValueError("a paged cache layout needs block tables")
     cdt = compute_dtype
     eps = cfg.rms_norm_eps
     kv_len = layout.max_len if kv_len is None else min(kv_len, layout.max_len)
-    positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-    valid_q = jnp.arange(T)[None, :] < n_valid[:, None]
-    write_pos = jnp.where(valid_q, positions, layout.max_len)  # padding goes out of range → dropped
+    shapes = [seg.shape for seg in segments]
+    positions = [
+        seg.start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+        for seg, (_, T) in zip(segments, shapes, strict=True)
+    ]
+    valid_q = [
+        jnp.arange(T)[None, :] < seg.n_valid[:, None] for seg, (_, T) in zip(segments, shapes, strict=True)
+    ]
+    flat_tokens = jnp.concatenate([seg.tokens.reshape(-1) for seg in segments])  # [N]
 
     embed = params["embed"]
-    h = embed[tokens].astype(cdt) * jnp.asarray(math.sqrt(cfg.hidden_size), embed.dtype).astype(cdt)
-    ple = _per_layer_inputs(params, tokens, h, cfg, cdt) if cfg.has_ple else None
+    h = embed[flat_tokens].astype(cdt) * jnp.asarray(math.sqrt(cfg.hidden_size), embed.dtype).astype(cdt)
+    ple = _per_layer_inputs(params, flat_tokens[None], h[None], cfg, cdt)[0] if cfg.has_ple else None
 
     def rope_for(pos: jax.Array) -> dict[str, tuple[jax.Array, jax.Array]]:
         out = {}
@@ -249,83 +299,77 @@ def forward(
                 out[ltype] = rope_tables(pos, cfg.head_dim_of(i), theta, cfg.rotary_pairs(i))
         return out
 
-    rope = rope_for(positions)
-    q_pos = positions
+    rope = rope_for(jnp.concatenate([p.reshape(-1) for p in positions]))  # [N, d] per layer type
+    q_pos, q_ok, q_shapes = positions, valid_q, shapes
     new_cache = list(cache)
     dtypes = entry_dtypes(layout)  # what each stored cache array holds
-    shared: dict[str, tuple] = {}
-    kv: dict[str, jax.Array] | PagedKeys
-    last_idx = jnp.maximum(n_valid - 1, 0)
+    shared: dict[str, list[tuple]] = {}
+    # flat index of each row's last real token
+    offsets = [sum(B * T for B, T in shapes[:j]) for j in range(len(shapes))]
+    keep = [
+        jnp.arange(B) if seg.logit_rows is None else seg.logit_rows
+        for seg, (B, _) in zip(segments, shapes, strict=True)
+    ]
+    out_shapes = [(int(k.shape[0]), 1) for k in keep]
+    last_flat = jnp.concatenate([
+        off + k * T + jnp.maximum(seg.n_valid[k] - 1, 0)
+        for seg, k, (_, T), off in zip(segments, keep, shapes, offsets, strict=True)
+    ])  # fmt: skip
+
+    def last_of(x: list[jax.Array]) -> list[jax.Array]:
+        """Per segment [B, T, ...] → [K, 1, ...] at each kept row's last real token."""
+        return [
+            xi[k, jnp.maximum(seg.n_valid[k] - 1, 0)][:, None]
+            for xi, seg, k in zip(x, segments, keep, strict=True)
+        ]
 
     for i, lp in enumerate(params["layers"]):
         if i == cfg.first_kv_shared_layer and cfg.num_kv_shared_layers and not all_logits:
-            # Shared layers write no K/V: only the last real token's query matters from here on.
-            b = jnp.arange(B)
-            h, q_pos = h[b, last_idx][:, None], q_pos[b, last_idx][:, None]
-            ple = ple[b, last_idx][:, None] if ple is not None else None
-            rope = {t: (c[b, last_idx][:, None], s[b, last_idx][:, None]) for t, (c, s) in rope.items()}
+            # Shared layers write no K/V: only each row's last real token's query matters from here on.
+            h, ple = h[last_flat], (ple[last_flat] if ple is not None else None)
+            rope = {t: (c[last_flat], s[last_flat]) for t, (c, s) in rope.items()}
+            q_pos, q_ok, q_shapes = last_of(q_pos), last_of(q_ok), out_shapes
+            shared = {
+                t: [_take_rows(read, k) for read, k in zip(reads, keep, strict=True)]
+                for t, reads in shared.items()
+            }
         ltype = cfg.layer_types[i]
         hd, nh = cfg.head_dim_of(i), cfg.num_attention_heads
         cos, sin = rope[ltype]
-        Tq = h.shape[1]
 
         x = rms_norm(h, lp["input_norm"], eps)
-        q = apply_rope(rms_norm(linear(x, lp["q"]).reshape(B, Tq, nh, hd), lp["q_norm"], eps), cos, sin)
+        q = apply_rope(
+            rms_norm(linear(x, lp["q"]).reshape(1, -1, nh, hd), lp["q_norm"], eps), cos[None], sin[None]
+        )[0]
         if cfg.owns_kv(i):
             kvh = cfg.kv_heads_of(i)
-            k = apply_rope(rms_norm(linear(x, lp["k"]).reshape(B, T, kvh, hd), lp["k_norm"], eps), cos, sin)
-            v = rms_norm(linear(x, lp["v"]).reshape(B, T, kvh, hd), None, eps)
-            new = _store(k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), layout.quantized)
+            k = apply_rope(
+                rms_norm(linear(x, lp["k"]).reshape(1, -1, kvh, hd), lp["k_norm"], eps), cos[None], sin[None]
+            )[0]
+            v = rms_norm(linear(x, lp["v"]).reshape(-1, kvh, hd), None, eps)
+            news = [
+                _store(kj.transpose(0, 2, 1, 3), vj.transpose(0, 2, 1, 3), layout.quantized)
+                for kj, vj in zip(_split(k, shapes), _split(v, shapes), strict=True)
+            ]
             slot = cfg.kv_layers.index(i)
-            if layout.paged:
-                group = layout.group_of(cfg, i)
-                assert tables is not None  # checked on entry
-                new_cache[slot], kv, key_pos, key_ok = paged_update_and_read(
-                    cache[slot],
-                    new,
-                    tables[group],
-                    positions,
-                    valid_q,
-                    start,
-                    block_size=layout.block_size,
-                    kv_len=kv_len,
-                    window=cfg.sliding_window if group == "window" else None,
-                    dtypes=dtypes,
-                )
-            else:
-                new_cache[slot], kv, key_pos, key_ok = _update_and_read(
-                    cache[slot],
-                    new,
-                    start,
-                    n_valid,
-                    positions,
-                    valid_q,
-                    write_pos,
-                    rows=rows,
-                    ring=layout.is_ring(cfg, i),
-                    kv_len=kv_len,
-                    dtypes=dtypes,
-                )
+            reads = _update_and_read_segments(
+                cache[slot], news, segments, positions, valid_q, layout=layout, cfg=cfg, layer=i,
+                rows=rows, kv_len=kv_len, dtypes=dtypes,
+            )  # fmt: skip
+            new_cache[slot], seg_reads = reads
             if i == cfg.kv_store_layer(ltype):
-                shared[ltype] = (kv, key_pos, key_ok)
+                shared[ltype] = seg_reads
         else:
-            kv, key_pos, key_ok = shared[ltype]
+            seg_reads = shared[ltype]
 
         window = None if ltype == FULL else cfg.sliding_window
-        # a paged read goes to the blocked attention ungathered when its blocks tile the attention's
-        paged = (
-            kv if isinstance(kv, PagedKeys) and attention_block and attention_block % kv.block_size == 0 else None
-        )
-        dense = {} if paged is not None or kernel is not None else kv.gather() if isinstance(kv, PagedKeys) else kv
-        keys, vals, kscale, vscale = (dense.get(name) for name in ("k", "v", "ks", "vs"))
-        if kernel is not None:
-            a = kernel(q, kv, key_pos, q_pos, n_valid, window)
-        elif attention_block:
-            a = attend_blocked(q, keys, vals, kscale, vscale, key_pos, key_ok, q_pos, valid_q,
-                               window=window, block=attention_block, paged=paged)  # fmt: skip
-        else:
-            mask = visible_keys(key_pos, key_ok, q_pos, window)
-            a = attend(q, dense["k"], dense["v"], kscale, vscale, mask)
+        attn = [
+            _attend_segment(qj, kv, key_pos, key_ok, qp, qv, window, attention_block)
+            for qj, (kv, key_pos, key_ok), qp, qv in zip(
+                _split(q, q_shapes), seg_reads, q_pos, q_ok, strict=True
+            )
+        ]
+        a = jnp.concatenate([aj.reshape(-1, aj.shape[-1]) for aj in attn])
         h = h + rms_norm(linear(a, lp["o"]), lp["post_attn_norm"], eps)
 
         x = rms_norm(h, lp["pre_ffw_norm"], eps)
@@ -333,18 +377,104 @@ def forward(
         h = h + rms_norm(m, lp["post_ffw_norm"], eps)
 
         if ple is not None:
-            g = jax.nn.gelu(linear(h, lp["ple_gate"]), approximate=True) * ple[:, :, i, :]
+            g = jax.nn.gelu(linear(h, lp["ple_gate"]), approximate=True) * ple[:, i, :]
             h = h + rms_norm(linear(g, lp["ple_up"]), lp["post_ple_norm"], eps)
         h = h * lp["layer_scalar"].astype(cdt)
 
-    if not all_logits and h.shape[1] != 1:
-        h = h[jnp.arange(B), last_idx][:, None]
+    if not all_logits and h.shape[0] != last_flat.shape[0]:
+        h = h[last_flat]
     h = rms_norm(h, params["final_norm"], eps)
-    logits = jnp.einsum("bth,vh->btv", h, embed.astype(cdt), preferred_element_type=jnp.float32)
+    logits = jnp.einsum("nh,vh->nv", h, embed.astype(cdt), preferred_element_type=jnp.float32)
     if cfg.final_logit_softcapping:
         cap = cfg.final_logit_softcapping
         logits = jnp.tanh(logits / cap) * cap
-    return (logits if all_logits else logits[:, 0]), new_cache
+    per_seg = _split(logits, shapes if all_logits else out_shapes)
+    return (per_seg if all_logits else [x[:, 0] for x in per_seg]), new_cache
+
+
+def _take_rows(read: tuple[Any, jax.Array, jax.Array], rows: jax.Array) -> tuple[Any, jax.Array, jax.Array]:
+    """A segment's read (keys, key positions, validity) for batch rows `rows` only."""
+    kv, key_pos, key_ok = read
+    if isinstance(kv, PagedKeys):
+        kv = PagedKeys(pools=kv.pools, ids=kv.ids[rows], dtypes=kv.dtypes, block_size=kv.block_size)
+    else:
+        kv = {name: arr[rows] for name, arr in kv.items()}
+    return kv, key_pos[rows], key_ok[rows]
+
+
+def _split(x: jax.Array, shapes: Sequence[tuple[int, int]]) -> list[jax.Array]:
+    """Flat rows [N, ...] → one [B, T, ...] per segment of `shapes`."""
+    out, at = [], 0
+    for B, T in shapes:
+        out.append(x[at : at + B * T].reshape(B, T, *x.shape[1:]))
+        at += B * T
+    return out
+
+
+def _update_and_read_segments(
+    entry: dict[str, jax.Array],
+    news: list[dict[str, jax.Array]],
+    segments: Sequence[Segment],
+    positions: list[jax.Array],
+    valid_q: list[jax.Array],
+    *,
+    layout: CacheLayout,
+    cfg: ModelConfig,
+    layer: int,
+    rows: jax.Array | None,
+    kv_len: int,
+    dtypes: dict[str, jnp.dtype],
+) -> tuple[dict[str, jax.Array], list[tuple[Any, jax.Array, jax.Array]]]:
+    """Write every segment's K/V into one layer's cache, then read what each segment attends over:
+    (updated entry, [(keys (dict or PagedKeys), key positions, key valid)] per segment)."""
+    if not layout.paged:
+        seg = segments[0]
+        written, kv, key_pos, key_ok = _update_and_read(
+            entry, news[0], seg.start, seg.n_valid, positions[0], valid_q[0],
+            jnp.where(valid_q[0], positions[0], layout.max_len),  # padding goes out of range → dropped
+            rows=rows, ring=layout.is_ring(cfg, layer), kv_len=kv_len, dtypes=dtypes,
+        )  # fmt: skip
+        return written, [(kv, key_pos, key_ok)]
+    group = layout.group_of(cfg, layer)
+    window = cfg.sliding_window if group == "window" else None
+    bs = layout.block_size
+    written = entry
+    for seg, new, pos, ok in zip(segments, news, positions, valid_q, strict=True):
+        assert seg.tables is not None  # checked on entry
+        written = paged_write(written, new, seg.tables[group], pos, ok, block_size=bs, dtypes=dtypes)
+    reads = []
+    for seg in segments:
+        assert seg.tables is not None
+        reads.append(paged_read(written, seg.tables[group], seg.start, seg.shape[1], block_size=bs, kv_len=kv_len,
+                                window=window, dtypes=dtypes))  # fmt: skip
+    return written, reads
+
+
+def _attend_segment(
+    q: jax.Array,
+    kv: Any,
+    key_pos: jax.Array,
+    key_ok: jax.Array,
+    q_pos: jax.Array,
+    valid_q: jax.Array,
+    window: int | None,
+    attention_block: int | PagedKernel | None,
+) -> jax.Array:
+    """One segment's attention: q [B, T, nh, d] over what it read → [B, T, nh·d]. A `PagedKernel`
+    (model/paged_kernels.py) attends through the Pallas kernel, reading the pools in place."""
+    if isinstance(attention_block, PagedKernel):
+        return attention_block(q, kv, key_pos, q_pos, valid_q, window)
+    # a paged read goes to the blocked attention ungathered when its blocks tile the attention's
+    paged = (
+        kv if isinstance(kv, PagedKeys) and attention_block and attention_block % kv.block_size == 0 else None
+    )
+    dense = {} if paged is not None else kv.gather() if isinstance(kv, PagedKeys) else kv
+    keys, vals, kscale, vscale = (dense.get(name) for name in ("k", "v", "ks", "vs"))
+    if attention_block:
+        return attend_blocked(q, keys, vals, kscale, vscale, key_pos, key_ok, q_pos, valid_q,
+                              window=window, block=attention_block, paged=paged)  # fmt: skip
+    mask = visible_keys(key_pos, key_ok, q_pos, window)
+    return attend(q, dense["k"], dense["v"], kscale, vscale, mask)
 
 
 def _per_layer_inputs(

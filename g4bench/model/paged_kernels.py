@@ -267,17 +267,17 @@ class PagedKernel:
     queries_per_block: int | None = None
     interpret: bool = False
 
-    def __call__(self, q: jax.Array, paged: Any, key_pos: jax.Array, q_pos: jax.Array, n_valid: jax.Array,
+    def __call__(self, q: jax.Array, paged: Any, key_pos: jax.Array, q_pos: jax.Array, q_valid: jax.Array,
                  window: int | None) -> jax.Array:  # fmt: skip
-        """q [B, Tq, nh, hd] at positions q_pos [B, Tq] (contiguous per row), the first
-        min(n_valid, Tq) real; `paged` a paged_kv.PagedKeys with its key positions [B, K]."""
+        """q [B, Tq, nh, hd] at positions q_pos [B, Tq] (contiguous per row), real where q_valid
+        [B, Tq] (a prefix of each row); `paged` a paged_kv.PagedKeys with its key positions [B, K]."""
         if not isinstance(paged, PagedKeys):
             raise ValueError(
                 f"the Pallas paged kernel reads a paged cache's pools, got {type(paged).__name__}"
             )
         return paged_attention(
             q, paged.pools, paged.ids, key_pos[:, 0] // paged.block_size, q_pos[:, 0],
-            jnp.minimum(n_valid, q.shape[1]), dtypes=paged.dtypes, window=window,
+            q_valid.sum(axis=1, dtype=jnp.int32), dtypes=paged.dtypes, window=window,
             pages_per_block=self.pages_per_block, queries_per_block=self.queries_per_block,
             interpret=self.interpret,
         )  # fmt: skip

@@ -1,8 +1,12 @@
 """Paged KV: write a call's K/V into a layer's block pool and gather what its queries attend over.
 
-    written, kv, key_pos, key_ok = paged_update_and_read(entry, new, table, positions, valid_q, start,
-                                                         block_size=16, kv_len=1024, window=None,
-                                                         dtypes=entry_dtypes(layout))
+    written = paged_write(entry, new, table, positions, valid_q, block_size=16, dtypes=dtypes)
+    kv, key_pos, key_ok = paged_read(written, table, start, T, block_size=16, kv_len=1024,
+                                     window=None, dtypes=dtypes)
+
+One call may write several batches of rows (decode rows, prefill pieces) before any of them reads
+(g4bench/model/forward.py's forward_segments), so a piece sees the pieces of its prompt written in
+the same call; `paged_update_and_read` is the one-batch composition.
 
 A pool is [NB, kvh, bs(, hd)], 16-bit floats stored as their uint16 bits (kv_cache.stored_dtype:
 XLA:CPU scatters into those in place, into bf16 it copies the pool). `table` i32[B, MB] maps row
@@ -77,6 +81,59 @@ class PagedKeys:
         return _gather(self.pools[name], ids, self.dtypes[name])
 
 
+def paged_write(
+    entry: dict[str, jax.Array],
+    new: dict[str, jax.Array],
+    table: jax.Array,
+    positions: jax.Array,
+    valid_q: jax.Array,
+    *,
+    block_size: int,
+    dtypes: dict[str, jnp.dtype],
+) -> dict[str, jax.Array]:
+    """Write new [B, kvh, T(, d)] at `positions` [B, T] (where `valid_q`) of one layer's pools.
+    `dtypes` names what each stored array holds (kv_cache.entry_dtypes)."""
+    bs = block_size
+    NB = entry["k"].shape[0]
+    MB = table.shape[1]
+    logical = jnp.clip(positions // bs, 0, MB - 1)
+    blk = jnp.where(valid_q, jnp.take_along_axis(table, logical, axis=1), NB)  # padding → dropped
+    off = positions % bs
+    written = {}
+    for name, arr in entry.items():
+        # advanced indices (block, offset) around a slice: the update is [B, T, kvh(, d)]
+        update = as_bits(jnp.swapaxes(new[name], 1, 2).astype(dtypes[name]))
+        written[name] = arr.at[blk, :, off].set(update, mode="drop")
+    return written
+
+
+def paged_read(
+    pools: dict[str, jax.Array],
+    table: jax.Array,
+    start: jax.Array,
+    tokens: int,
+    *,
+    block_size: int,
+    kv_len: int,
+    window: int | None,
+    dtypes: dict[str, jnp.dtype],
+) -> tuple[PagedKeys, jax.Array, jax.Array]:
+    """What a call of `tokens` query positions from `start` [B] reads of one layer's pools: a
+    `PagedKeys` of K = nb·bs keys, their logical positions [B, K] and validity [B, K]."""
+    bs = block_size
+    B, MB = table.shape
+    nb = min(MB, -(-kv_len // bs))
+    base = jnp.zeros((B,), jnp.int32)
+    if window is not None and window_read_blocks(window, tokens, bs) < nb:
+        nb = window_read_blocks(window, tokens, bs)
+        base = jnp.clip((start - window + 1) // bs, 0, MB - nb)
+    idx = base[:, None] + jnp.arange(nb, dtype=jnp.int32)[None, :]  # [B, nb] logical blocks
+    ids = jnp.take_along_axis(table, idx, axis=1)
+    kv = PagedKeys(pools=pools, ids=ids, dtypes=dtypes, block_size=bs)
+    key_pos = (idx[:, :, None] * bs + jnp.arange(bs, dtype=jnp.int32)[None, None, :]).reshape(B, nb * bs)
+    return kv, key_pos, jnp.ones((B, nb * bs), bool)
+
+
 def paged_update_and_read(
     entry: dict[str, jax.Array],
     new: dict[str, jax.Array],
@@ -90,30 +147,8 @@ def paged_update_and_read(
     window: int | None,
     dtypes: dict[str, jnp.dtype],
 ) -> tuple[dict[str, jax.Array], PagedKeys, jax.Array, jax.Array]:
-    """Write new [B, kvh, T(, d)] at `positions` [B, T] (where `valid_q`) of one layer's pools, then
-    read keys/values(/scales) (a `PagedKeys` of K = nb·bs keys) with their logical positions [B, K]
-    and validity.
-    `dtypes` names what each stored array holds (kv_cache.entry_dtypes); reads come back in it."""
-    bs = block_size
-    NB = entry["k"].shape[0]
-    B, T = positions.shape
-    MB = table.shape[1]
-    logical = jnp.clip(positions // bs, 0, MB - 1)
-    blk = jnp.where(valid_q, jnp.take_along_axis(table, logical, axis=1), NB)  # padding → dropped
-    off = positions % bs
-    written = {}
-    for name, arr in entry.items():
-        # advanced indices (block, offset) around a slice: the update is [B, T, kvh(, d)]
-        update = as_bits(jnp.swapaxes(new[name], 1, 2).astype(dtypes[name]))
-        written[name] = arr.at[blk, :, off].set(update, mode="drop")
-
-    nb = min(MB, -(-kv_len // bs))
-    base = jnp.zeros((B,), jnp.int32)
-    if window is not None and window_read_blocks(window, T, bs) < nb:
-        nb = window_read_blocks(window, T, bs)
-        base = jnp.clip((start - window + 1) // bs, 0, MB - nb)
-    idx = base[:, None] + jnp.arange(nb, dtype=jnp.int32)[None, :]  # [B, nb] logical blocks
-    ids = jnp.take_along_axis(table, idx, axis=1)
-    kv = PagedKeys(pools=written, ids=ids, dtypes=dtypes, block_size=bs)
-    key_pos = (idx[:, :, None] * bs + jnp.arange(bs, dtype=jnp.int32)[None, None, :]).reshape(B, nb * bs)
-    return written, kv, key_pos, jnp.ones((B, nb * bs), bool)
+    """`paged_write` then `paged_read` for one call: (written pools, keys, key positions, validity)."""
+    written = paged_write(entry, new, table, positions, valid_q, block_size=block_size, dtypes=dtypes)
+    kv, key_pos, key_ok = paged_read(written, table, start, positions.shape[1], block_size=block_size,
+                                     kv_len=kv_len, window=window, dtypes=dtypes)  # fmt: skip
+    return written, kv, key_pos, key_ok

@@ -38,6 +38,8 @@ class LaunchSpec:
     sliding_kv: str = "ring"
     kv_layout: str = "paged"  # paged: blocks shared across requests (radix index); contiguous: per slot
     cached_windows: int = 4  # paged: sliding-layer windows kept cached per slot
+    max_batched_tokens: int = 512  # one engine call's token budget (decode rows + prefill tokens)
+    prefill_policy: str | None = None  # mixed | chunk; None: mixed when paged (EngineConfig.policy)
     host: str = "127.0.0.1"
     port: int = 8000
     protect_docs: bool = False
@@ -133,6 +135,8 @@ def run_server(spec: LaunchSpec, api_key: str | None = None, console: Any = None
         chunk_size=spec.chunk_size,
         kv_layout=spec.kv_layout,
         cached_windows=spec.cached_windows,
+        max_batched_tokens=spec.max_batched_tokens,
+        prefill_policy=spec.prefill_policy,
     )
     console.print(f"[bold]g4bench serve[/]: loading {spec.model} ({ecfg})")
     engine, tokenizer_dir = load_engine(spec.model, ecfg)
@@ -158,7 +162,8 @@ def run_server(spec: LaunchSpec, api_key: str | None = None, console: Any = None
     console.print(
         f"serving [bold]{name}[/] on http://{bound_host}:{bound_port}/v1 "
         f"(tokenizer: {tokenizer_dir or 'synthetic'}, {spec.max_slots} slots x {spec.max_len} positions, "
-        f"KV {spec.kv_dtype}/{spec.sliding_kv}, chunk {spec.chunk_size}, {spec.max_connections} connections, "
+        f"KV {spec.kv_dtype}/{spec.sliding_kv}, chunk {spec.chunk_size}, {ecfg.policy} prefill "
+        f"(≤{spec.max_batched_tokens} tokens a call), {spec.max_connections} connections, "
         f"{fds} open files{', API key required' if api_key else ''}); /health is 503 until warm-up is done"
     )
 

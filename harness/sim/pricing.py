@@ -5,14 +5,15 @@
 
 Data flow: an `EngineCall` (g4bench/engine/virtual_engine.py: program, rows, chunk bucket, KV
 bucket) → its bytes and FLOPs from g4bench.model.costs (`decode_cost` at rows = max_slots,
-`prefill_cost` at the chunk bucket; the logical contiguous layout with the engine's KV dtype and
+`prefill_cost` at the chunk bucket, `mixed_cost` at the piece-row bucket beside max_slots decode
+rows; the logical contiguous layout with the engine's KV dtype and
 ring/full sliding KV: a paged read gathers the same positions) → the profile's fitted model for
 that program (harness/calibrate/steptime.py) → milliseconds. Shapes repeat (a few buckets), so each is
 priced once.
 
-When the profile has no model for a program, the call is priced by the profile's *decode* model
-(the same op classes at the same fitted rates: weight stream, KV stream, linear and attention
-FLOP rates) and the basis says so; with no profile at all, by the hardware roofline
+When the profile has no model for a program, the call is priced by the profile's *decode* model (a
+mixed call by its *prefill* model when it has one): the same op classes at the same fitted rates
+(weight stream, KV stream, linear and attention FLOP rates), and the basis says so; with no profile at all, by the hardware roofline
 (max(bytes ÷ peak bandwidth, FLOPs ÷ peak FLOP/s): a lower bound, not a prediction). `basis`
 records which was used per program, for the planner's assumption lines.
 """
@@ -60,6 +61,12 @@ class StepPricer:
         m = self.profile.model(program)
         if m is not None:
             return m, f"profile {self.profile.device} [{program}]"
+        pre = self.profile.model("prefill") if program == "mixed" else None
+        if pre is not None:  # a mixed call is mostly prefill tokens: their fitted rates
+            return (
+                pre,
+                f"profile {self.profile.device} [prefill] rates applied to mixed bytes/FLOPs (no mixed fit)",
+            )
         dec = self.profile.model("decode")
         if dec is None:
             return None, "hardware roofline (profile has no decode model)"
@@ -75,6 +82,10 @@ class StepPricer:
             return costs.decode_cost(self.cfg, self.fmt, self.layout, call.rows, call.kv_len)
         if call.program == "prefill":
             return costs.prefill_cost(self.cfg, self.fmt, self.layout, call.tokens, call.kv_len)
+        if call.program == "mixed":
+            return costs.mixed_cost(
+                self.cfg, self.fmt, self.layout, call.decode_rows, call.rows, call.tokens, call.kv_len
+            )
         if call.program == "copy":  # one slot's cache read and written
             from g4bench.model.kv_cache import cache_bytes
 
@@ -94,7 +105,7 @@ class StepPricer:
 
     def __call__(self, call: EngineCall) -> float:
         # the decode shape does not depend on how many rows are live: price it without `active`
-        key = EngineCall(call.program, call.rows, call.tokens, call.kv_len)
+        key = EngineCall(call.program, call.rows, call.tokens, call.kv_len, decode_rows=call.decode_rows)
         return self._price(key) / 1e3
 
     def error_band_pct(self) -> dict[str, float | None]:

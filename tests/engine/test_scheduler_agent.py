@@ -41,6 +41,16 @@ class Recording(engine_mod.Engine):
         self.logits.append(np.asarray(logits))
         return logits
 
+    def step(self, tokens, positions, active, pieces, *, decode_logits=False):
+        out = super().step(tokens, positions, active, pieces, decode_logits=decode_logits)
+        if decode_logits:
+            self.split += 1
+            self.logits.append(np.asarray(out[0]))
+        elif np.asarray(active).any():
+            self.fused += 1
+        self.logits += [np.asarray(self.piece_logits(p.slot)) for p in pieces if p.sampling is not None]
+        return out
+
     def prefill(self, slot, tokens, start, sampling=None):
         out = super().prefill(slot, tokens, start, sampling)
         if sampling is not None:
@@ -48,13 +58,15 @@ class Recording(engine_mod.Engine):
         return out
 
 
-@pytest.fixture(scope="module")
-def engine():
+@pytest.fixture(scope="module", params=["mixed", "chunk"])
+def engine(request):
+    """Both prefill policies: the mixed step carries decode rows (fused or split) and pieces."""
     from g4bench.model.config import load_config
     from g4bench.model.params import WeightFormat, init_params
 
     cfg = load_config("tiny-a")
-    ecfg = engine_mod.EngineConfig(max_slots=4, max_len=256, chunk_size=32, min_kv_bucket=256)
+    ecfg = engine_mod.EngineConfig(max_slots=4, max_len=256, chunk_size=32, min_kv_bucket=256,
+                                   prefill_policy=request.param)  # fmt: skip
     return Recording(cfg, init_params(cfg, WeightFormat(layers="f32"), seed=0), ecfg)
 
 
@@ -96,7 +108,10 @@ SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0
 
 def test_unconstrained_batches_use_the_fused_step(engine):
     engine.fused = engine.split = 0
-    run(engine, [(TOK.encode(f"prompt {i}", add_bos=True), GenerationParams(8, ignore_eos=True)) for i in range(3)])
+    run(
+        engine,
+        [(TOK.encode(f"prompt {i}", add_bos=True), GenerationParams(8, ignore_eos=True)) for i in range(3)],
+    )
     assert engine.fused >= 7 and engine.split == 0
 
 
@@ -127,4 +142,3 @@ def test_logprobs_equal_log_softmax_of_the_engine_logits(engine):
         ids = [t for t, _ in row.top]
         assert ids == list(np.argsort(-x)[:4]) and ids[0] == row.token  # sorted; greedy = top
         assert all(abs(lp - ref[t]) <= 1e-5 for t, lp in row.top)
-

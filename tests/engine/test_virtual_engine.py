@@ -26,7 +26,7 @@ class Recorder:
 
     def __getattr__(self, name):
         attr = getattr(self.inner, name)
-        if name not in ("prefill", "decode", "copy_slot", "set_block_table", "set_suppress_eos"):
+        if name not in ("prefill", "decode", "step", "copy_slot", "set_block_table", "set_suppress_eos"):
             return attr
 
         def call(*args):
@@ -74,38 +74,55 @@ def params(cfg):
     return init_params(cfg, WeightFormat(layers="f32", ple="f32", embed="f32"), 0)
 
 
-@pytest.mark.parametrize("layout", ["paged", "contiguous"])
-def test_same_engine_calls_as_the_real_engine(cfg, params, layout):
-    ecfg = EngineConfig(**ECFG, kv_layout=layout)
+@pytest.mark.parametrize(
+    ("layout", "policy", "programs"),
+    [("paged", "mixed", {"step", "decode"}), ("paged", "chunk", {"prefill", "decode"}),
+     ("contiguous", "chunk", {"prefill", "decode"})],
+)  # fmt: skip
+def test_same_engine_calls_as_the_real_engine(cfg, params, layout, policy, programs):
+    ecfg = EngineConfig(**ECFG, kv_layout=layout, prefill_policy=policy, max_batched_tokens=64)
     real = Recorder(Engine(cfg, params, ecfg, compute_dtype=jnp.float32))
     virtual = Recorder(VirtualEngine(cfg, ecfg, lambda call: 0.001, VirtualClock()))
-    assert drive(real) == drive(virtual)
+    results = drive(real)
+    assert results == drive(virtual)
+    if layout == "paged":  # the second prompt reuses the first's 20 shared tokens under both policies
+        assert results[1][1] == 20
     kinds = {entry[0] for entry in real.log}
-    assert {"prefill", "decode"} <= kinds
+    assert programs <= kinds and not ({"step", "prefill"} - programs) & kinds
 
     # sampled token values differ (random weights vs a fixed id) and never steer the schedule
-    # (ignore_eos): compare decode calls by positions and active rows, everything else exactly
+    # (ignore_eos): compare decode and mixed calls by positions, active rows and pieces
     def shape(log):
-        return [e if e[0] != "decode" else (e[0], *e[2:]) for e in log]
+        return [e if e[0] not in ("decode", "step") else (e[0], *e[2:]) for e in log]
 
     assert shape(real.log) == shape(virtual.log)
 
 
-def test_clock_advances_by_priced_shapes(cfg):
-    ecfg = EngineConfig(**ECFG)
+@pytest.mark.parametrize("policy", ["chunk", "mixed"])
+def test_clock_advances_by_priced_shapes(cfg, policy):
+    ecfg = EngineConfig(**ECFG, prefill_policy=policy, max_batched_tokens=64)
     clock = VirtualClock()
-    price = {"prefill": 0.010, "decode": 0.002}
-    engine = VirtualEngine(
-        cfg, ecfg, lambda call: price[call.program] * (call.tokens if call.program == "prefill" else 1), clock
-    )
+    price = {"prefill": 0.010, "decode": 0.002, "mixed": 0.001}
+
+    def priced(call: EngineCall) -> float:
+        return price[call.program] * (call.batched_tokens if call.program != "decode" else 1)
+
+    engine = VirtualEngine(cfg, ecfg, priced, clock)
     drive(engine, clock)
-    expect = sum(price[c.program] * (c.tokens if c.program == "prefill" else 1) for c in engine.calls)
-    assert clock.now == pytest.approx(expect)
+    assert clock.now == pytest.approx(sum(priced(c) for c in engine.calls))
     # every call is at a compiled bucket shape, decode over all slots
     assert {c.tokens for c in engine.calls if c.program == "prefill"} <= set(ecfg.chunk_buckets)
     assert {c.kv_len for c in engine.calls} <= set(ecfg.kv_buckets)
     assert all(c.rows == ecfg.max_slots for c in engine.calls if c.program == "decode")
-    assert EngineCall("prefill", 1, 32, 32) in engine.calls  # the 70-token prompt's first full chunk
+    if policy == "chunk":
+        assert EngineCall("prefill", 1, 32, 32) in engine.calls  # the 70-token prompt's first full chunk
+    else:
+        mixed = [c for c in engine.calls if c.program == "mixed"]
+        assert mixed and {c.rows for c in mixed} <= set(ecfg.row_buckets)
+        assert all(c.decode_rows == ecfg.max_slots and c.tokens == 32 for c in mixed)
+        # the second prompt shares 5 blocks with the first, so it waits one call for them to be
+        # written; the next call (budget 64 tokens = 2 rows) carries both prompts' pieces
+        assert (mixed[0].rows, mixed[0].active, mixed[1].rows) == (1, 0, 2)
 
 
 def test_clock_cannot_run_backwards():

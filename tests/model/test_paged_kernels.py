@@ -103,7 +103,7 @@ def _f32_check(case: str, r: dict[str, Any], got: np.ndarray, window: int | None
 
 
 def _kernel(r: dict[str, Any], q: jax.Array, window: int | None, **kw: Any) -> np.ndarray:
-    out = PagedKernel(interpret=True, **kw)(q, r["paged"], r["key_pos"], r["positions"], r["n_valid"], window)
+    out = PagedKernel(interpret=True, **kw)(q, r["paged"], r["key_pos"], r["positions"], r["valid_q"], window)
     return np.asarray(out.astype(jnp.float32))
 
 
@@ -173,7 +173,7 @@ def test_shared_kv_layer_one_query() -> None:
     last = r["n_valid"] - 1
     b = jnp.arange(2)
     q1, pos1 = r["q"][b, last][:, None], r["positions"][b, last][:, None]
-    out = PagedKernel(interpret=True)(q1, r["paged"], r["key_pos"], pos1, r["n_valid"], None)
+    out = PagedKernel(interpret=True)(q1, r["paged"], r["key_pos"], pos1, r["n_valid"][:, None] > 0, None)
     mask = visible_keys(r["key_pos"], r["key_ok"], pos1, None)
     kv = r["paged"].gather()
     want = attend(q1, kv["k"], kv["v"], None, None, mask)
@@ -237,7 +237,7 @@ def test_dense_read_and_bad_shapes_fail_loudly() -> None:
     r = _read(3, B=1, T=1, nh=2, kvh=1, hd=256, starts=[4], n_valid=[1], window_read=None, kv_dtype="f32")
     dense = r["paged"].gather()
     with pytest.raises(ValueError, match="paged cache"):
-        PagedKernel(interpret=True)(r["q"], dense, r["key_pos"], r["positions"], r["n_valid"], None)
+        PagedKernel(interpret=True)(r["q"], dense, r["key_pos"], r["positions"], r["valid_q"], None)
     paged = r["paged"]
     with pytest.raises(ValueError, match="does not fit pools"):
         paged_attention(r["q"][..., :128], paged.pools, paged.ids, jnp.zeros(1, jnp.int32), r["positions"][:, 0],

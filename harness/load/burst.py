@@ -1,0 +1,167 @@
+"""The burst-prefill check: what a burst of prompts costs the prompts and the streams already running.
+
+    result = run_burst(BurstSettings(model="small", policies=("mixed", "chunk")), out, log)
+
+Shape (the issue's): a server with 16 slots; two streams decode (long outputs, `ignore_eos`); once
+both stream, 8 prompts of 200 fresh token ids arrive together (`max_tokens` 8). Measured per
+prefill policy, each on its own freshly started server (harness/load/server.py), in one run:
+
+- the lone cold prompt's TTFT (the median of `lone` single 200-token prompts sent alone, each of
+  fresh tokens, after warm-up), the burst prompts' TTFTs in arrival order of their first tokens,
+  and the ratio of the last to the lone one (bar: ≤ 6× with the default token budget);
+- the running streams' inter-token gaps: the largest gap that overlaps the burst (from the burst's
+  send to its last first token) against the streams' median gap before the burst (bar: ≤ 5×).
+
+Every time is client-side over HTTP (`stream_request`), so it includes what a user sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from harness.load.client import RequestRecord, RequestSpec, stream_request
+
+
+@dataclass(frozen=True)
+class BurstSettings:
+    model: str = "small"
+    policies: tuple[str, ...] = ("mixed", "chunk")
+    max_slots: int = 16
+    max_len: int = 2048
+    max_batched_tokens: int = 512
+    burst: int = 8
+    prompt_len: int = 200
+    streams: int = 2
+    stream_tokens: int = 600
+    lone: int = 3
+    lead_s: float = 3.0
+    seed: int = 0
+    timeout_s: float = 600.0
+
+
+def _ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(3, 250) for _ in range(n)]
+
+
+def _spec(model: str, ids: list[int], max_tokens: int, rid: str) -> RequestSpec:
+    body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "min_tokens": max_tokens, "return_token_ids": True}  # fmt: skip
+    return RequestSpec("/v1/completions", body, rid, input_len=len(ids), prompt_ids=ids)
+
+
+def _gaps(rec: RequestRecord) -> tuple[np.ndarray, np.ndarray]:
+    """(arrival times relative to run start [n], gaps [n−1]) of a stream's output chunks."""
+    at = rec.send_s + np.asarray(rec.chunk_times)
+    return at, np.diff(at)
+
+
+async def _measure(base_url: str, s: BurstSettings, rng: random.Random) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    async with httpx.AsyncClient(timeout=s.timeout_s) as client:
+
+        async def send(spec: RequestSpec) -> RequestRecord:
+            return await stream_request(client, base_url, spec, t0=t0, scheduled_s=time.perf_counter() - t0,
+                                        timeout_s=s.timeout_s)  # fmt: skip
+
+        await send(_spec(s.model, _ids(rng, s.prompt_len), 4, "warm"))  # the first request's host paths
+        lone = [await send(_spec(s.model, _ids(rng, s.prompt_len), 8, f"lone{i}")) for i in range(s.lone)]
+        streams = [asyncio.create_task(send(_spec(s.model, _ids(rng, 16), s.stream_tokens, f"stream{i}")))
+                   for i in range(s.streams)]  # fmt: skip
+        await asyncio.sleep(s.lead_s)  # the streams run alone first: their before-burst gaps
+        burst_send = time.perf_counter() - t0
+        burst = await asyncio.gather(*(send(_spec(s.model, _ids(rng, s.prompt_len), 8, f"burst{i}"))
+                                       for i in range(s.burst)))  # fmt: skip
+        running = await asyncio.gather(*streams)
+    failed = [r.request_id for r in [*lone, *burst, *running] if not r.ok]
+    if failed:
+        raise RuntimeError(f"requests failed: {', '.join(failed)}")
+    lone_ttft = float(np.median([r.chunk_times[0] for r in lone]))
+    ttfts = sorted(r.chunk_times[0] for r in burst)
+    burst_end = max(r.send_s + r.chunk_times[0] for r in burst)
+    before, during = [], []
+    for r in running:
+        at, gaps = _gaps(r)
+        before += gaps[at[1:] < burst_send].tolist()
+        # a gap overlaps the burst when it ends after the send and starts before the last first token
+        during += gaps[(at[1:] > burst_send) & (at[:-1] < burst_end)].tolist()
+    if len(before) < 5 or not during:
+        raise RuntimeError(
+            f"too few stream gaps to judge ({len(before)} before, {len(during)} during the burst)"
+        )
+    median_gap = float(np.median(before))
+    return {
+        "lone_ttft_ms": 1e3 * lone_ttft,
+        "burst_ttft_ms": [1e3 * t for t in ttfts],
+        "last_over_lone": ttfts[-1] / lone_ttft,
+        "stream_median_gap_ms": 1e3 * median_gap,
+        "stream_max_gap_during_burst_ms": 1e3 * max(during),
+        "max_gap_over_median": max(during) / median_gap,
+    }
+
+
+def run_burst(s: BurstSettings, out: Path, log: Any = print) -> dict[str, Any]:
+    """Each policy on a fresh server; returns {settings, policies: {policy: figures or failure}}
+    and writes it to out/burst.json (a failed policy is recorded and the next one still runs)."""
+    from g4bench.server.launch import LaunchSpec
+    from harness.load.server import ManagedServer, free_port
+
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"settings": asdict(s), "policies": {}}
+    for policy in s.policies:
+        port = free_port()
+        spec = LaunchSpec(model=s.model, max_slots=s.max_slots, max_len=s.max_len, host="127.0.0.1", port=port,
+                          prefill_policy=policy, max_batched_tokens=s.max_batched_tokens)  # fmt: skip
+        server = ManagedServer([sys.executable, "-m", "g4bench.server.launch", spec.to_json()], port,
+                               out / f"server-{policy}.log")  # fmt: skip
+        log(f"burst: starting the {policy} server (warm-up compiles every shape) …")
+        try:
+            server.start()
+            figures = asyncio.run(_measure(server.base_url, s, random.Random(s.seed)))
+        except Exception as exc:  # noqa: BLE001 -- recorded in burst.json; the other policy still runs
+            figures = {"failure": f"{type(exc).__name__}: {exc}"}
+        finally:
+            server.stop()
+        result["policies"][policy] = figures
+        log(f"burst [{policy}]: {summary_line(figures)}")
+        (out / "burst.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def summary_line(f: dict[str, Any]) -> str:
+    if "failure" in f:
+        return f"FAILED {f['failure']}"
+    ttfts = ", ".join(f"{t:.0f}" for t in f["burst_ttft_ms"])
+    return (f"lone cold TTFT {f['lone_ttft_ms']:.0f} ms; burst TTFTs {ttfts} ms; last ÷ lone "
+            f"{f['last_over_lone']:.2f}×; streams' largest gap in the burst {f['stream_max_gap_during_burst_ms']:.0f} ms "
+            f"= {f['max_gap_over_median']:.2f}× their median {f['stream_median_gap_ms']:.0f} ms")  # fmt: skip
+
+
+def main(
+    out: Path = Path("results/burst-prefill"),
+    model: str = "small",
+    policies: str = "mixed,chunk",
+    max_batched_tokens: int = 512,
+) -> None:
+    """`python -m harness.load.burst`: both policies from one run, figures printed and in out/burst.json."""
+    settings = BurstSettings(
+        model=model, policies=tuple(policies.split(",")), max_batched_tokens=max_batched_tokens
+    )
+    result = run_burst(settings, out)
+    if any("failure" in f for f in result["policies"].values()):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    import typer
+
+    typer.run(main)
