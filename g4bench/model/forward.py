@@ -41,6 +41,7 @@ from g4bench.model.config import FULL, SLIDING, ModelConfig
 from g4bench.model.kv_cache import Cache, CacheLayout, entry_dtypes, quantize_kv
 from g4bench.model.kv_cache import as_bits as _as_bits
 from g4bench.model.kv_cache import from_bits as _from_bits
+from g4bench.model.paged_kernels import PagedKernel
 from g4bench.model.paged_kv import PagedKeys, paged_read, paged_write
 from g4bench.model.quant import dequantize_ple_rows, unpack_w4a16
 
@@ -229,7 +230,7 @@ def forward(
     compute_dtype: Any = jnp.float32,
     rows: jax.Array | None = None,
     tables: dict[str, jax.Array] | None = None,
-    attention_block: int | None = None,
+    attention_block: int | PagedKernel | None = None,
 ) -> tuple[jax.Array, Cache]:
     """Run the model over tokens i32[B, T] written at positions start[b] + t for t < n_valid[b].
 
@@ -261,7 +262,7 @@ def forward_segments(
     all_logits: bool = False,
     compute_dtype: Any = jnp.float32,
     rows: jax.Array | None = None,
-    attention_block: int | None = None,
+    attention_block: int | PagedKernel | None = None,
     hidden: bool = False,
 ) -> tuple[list[jax.Array], Cache]:
     """`forward` over several segments in one pass (the mixed step: a decode segment [S, 1] and a
@@ -467,9 +468,12 @@ def _attend_segment(
     q_pos: jax.Array,
     valid_q: jax.Array,
     window: int | None,
-    attention_block: int | None,
+    attention_block: int | PagedKernel | None,
 ) -> jax.Array:
-    """One segment's attention: q [B, T, nh, d] over what it read → [B, T, nh·d]."""
+    """One segment's attention: q [B, T, nh, d] over what it read → [B, T, nh·d]. A `PagedKernel`
+    (model/paged_kernels.py) attends through the Pallas kernel, reading the pools in place."""
+    if isinstance(attention_block, PagedKernel):
+        return attention_block(q, kv, key_pos, q_pos, valid_q, window)
     # a paged read goes to the blocked attention ungathered when its blocks tile the attention's
     paged = (
         kv if isinstance(kv, PagedKeys) and attention_block and attention_block % kv.block_size == 0 else None

@@ -150,7 +150,7 @@ def prefill_batch(params, cache, tokens, start, n_valid, *, cfg, layout, cdt, kv
 
 
 def program_for(
-    payload: dict[str, Any], sharding: Any, compute_dtype: Any, attention_block: int | None = None
+    payload: dict[str, Any], sharding: Any, compute_dtype: Any, attention_block: Any = None
 ) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """(jitted program, abstract args, facts) for a decode step or a batched prefill call.
 
@@ -165,9 +165,8 @@ def program_for(
     from g4bench.model import costs
     from g4bench.model.kv_cache import cache_specs
 
-    bench = make_decode_bench(
-        case_from(payload["case"]), compute_dtype=compute_dtype, attention_block=attention_block
-    )
+    bench = make_decode_bench(case_from(payload["case"]), compute_dtype=compute_dtype, attention_block=None)
+    bench.attention_block = attention_block  # an int, None or a PagedKernel (target_attention)
     case, cfg = bench.case, bench.cfg
     facts = {"weights_bytes": bench.weights_bytes, "kv_bytes": bench.kv_bytes}
     if payload.get("program", "decode") == "decode":
@@ -227,13 +226,36 @@ def target_device(target: str) -> tuple[Any, dict[str, Any]]:
     return SingleDeviceSharding(dev), info
 
 
+def target_attention(payload: dict[str, Any], platform: str) -> tuple[Any, str]:
+    """(forward's attention argument, its name) for the step compiled for `platform`.
+
+    `payload["attention"]`: "auto" (default) is what the engine serves there: the Pallas paged
+    kernel (g4bench/model/paged_kernels.py) for a paged layout on TPU, one XLA pass otherwise;
+    "xla" forces the plain-JAX paged read (a gather) for comparison; "pallas" demands the kernel
+    and is an error where it cannot run."""
+    from g4bench.engine.engine import platform_attention_block
+    from g4bench.model.paged_kernels import PagedKernel
+
+    choice = payload.get("attention") or "auto"
+    paged = payload["case"].get("kv_layout") == "paged"
+    if choice not in ("auto", "xla", "pallas"):
+        raise ValueError(f"attention must be auto, xla or pallas; got {choice!r}")
+    if choice == "pallas" and not (paged and platform == "tpu"):
+        raise ValueError("the Pallas paged kernel needs a paged KV layout and a TPU target")
+    if paged and platform == "tpu" and choice != "xla":
+        return PagedKernel(), "pallas-paged"
+    if platform == "local-cpu":
+        block = platform_attention_block()
+        return block, f"xla-blocked-{block}" if block else "xla"
+    return None, "xla"
+
+
 def compile_program(payload: dict[str, Any]) -> dict[str, Any]:
     """Compile one program for `payload["target"]`; see the module docstring for the result.
     Compile-time HBM OOM is an answer (fits False); any other compiler error propagates."""
     import jax
     import jax.numpy as jnp
 
-    from g4bench.engine.engine import platform_attention_block
     from harness.isolate import configure_jax_cache
 
     configure_jax_cache()
@@ -242,11 +264,12 @@ def compile_program(payload: dict[str, Any]) -> dict[str, Any]:
     on_cpu = target == "local" and jax.default_backend() == "cpu"
     compute = payload.get("compute") or ("f32" if on_cpu else "bf16")
     cdt = {"f32": jnp.float32, "bf16": jnp.bfloat16}[compute]
-    # the program the engine serves there: key-blocked attention on this host's CPU, one pass for
-    # an accelerator (engine.platform_attention_block)
-    block = platform_attention_block() if target == "local" else None
-    jitted, args, facts = program_for(payload, sharding, cdt, block)
-    result: dict[str, Any] = {"device": device, "compute": compute, **facts}
+    # the program the engine serves there: key-blocked attention on this host's CPU, the Pallas
+    # paged kernel for a paged layout on TPU, one pass otherwise (target_attention)
+    platform = "local-cpu" if on_cpu else device.get("platform", "local")
+    attention, attention_name = target_attention(payload, platform)
+    jitted, args, facts = program_for(payload, sharding, cdt, attention)
+    result: dict[str, Any] = {"device": device, "compute": compute, "attention": attention_name, **facts}
     t0 = time.perf_counter()
     lowered = jitted.lower(*args)
     try:

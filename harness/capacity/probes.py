@@ -239,7 +239,7 @@ def ceiling_fields(cfg: CapacityConfig, search: Search, limit: int, hw: Any) -> 
     }
     keep = ("weights_bytes", "kv_bytes", "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes",
             "generated_code_bytes", "peak_bytes", "xla_peak_memory_bytes", "host_vm_peak_bytes", "compile_s",
-            "step_ms_median", "step_ms_samples", "xla_flops", "xla_bytes_accessed", "xla_optimal_s", "model_bytes")  # fmt: skip
+            "step_ms_median", "attention", "step_ms_samples", "xla_flops", "xla_bytes_accessed", "xla_optimal_s", "model_bytes")  # fmt: skip
     fields.update({k: at[k] for k in keep if k in at})
     if search.lo and cfg.program == "decode":
         mcfg = load_config(c.model)
