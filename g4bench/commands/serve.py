@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 
+from g4bench.commands.options import alias, renamed
 from g4bench.server.settings import API_KEY_ENV, ServerSettings
 
 DEFAULTS = ServerSettings()
@@ -23,7 +24,7 @@ DEFAULTS = ServerSettings()
 
 def serve(
     model: Annotated[
-        str, typer.Option(help="e2b | e4b | a checkpoint DIR | a config .json (synthetic weights)")
+        str, typer.Option(help="e2b | e4b | small | a tiny-* preset | a config .json (synthetic weights) | a checkpoint DIR")
     ] = "e2b",
     kv_dtype: Annotated[str, typer.Option(help="KV cache storage: bf16 | int8")] = "bf16",
     max_slots: Annotated[int, typer.Option(help="Concurrent sequences (KV slots)")] = 8,
@@ -91,11 +92,13 @@ def serve(
     shutdown_timeout: Annotated[
         float, typer.Option(help="Seconds to let busy connections finish after SIGTERM")
     ] = 5.0,
-    served_model_name: Annotated[
+    model_name: Annotated[
         str | None, typer.Option(help="Model id clients send (default: --model)")
     ] = None,
+    served_model_name: Annotated[str | None, renamed("--served-model-name", "--model-name")] = None,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API."""
+    served_model_name = alias(model_name, served_model_name)
     if kv_dtype not in ("bf16", "int8"):
         raise typer.BadParameter(f"--kv-dtype must be bf16 or int8, got {kv_dtype!r}")
     if sliding_kv not in ("ring", "full"):

@@ -23,7 +23,7 @@ from typing import Any
 from harness.sim.fleet import Knobs, Sizing, costs_of, memory_ceiling, size_one
 from harness.sim.simulate import ServerShape
 
-ALIASES = {"h200": "nvidia-h200", "local": "cpu"}
+ALIASES = {"h100": "nvidia-h100", "h200": "nvidia-h200", "local": "cpu"}
 LOCAL_PROFILE = "cpu-2core-engine"
 
 
