@@ -17,6 +17,7 @@ from typing import Annotated
 import typer
 
 from g4bench.commands.options import alias, renamed
+from g4bench.engine.served_step import DEFAULT_MAX_BATCHED_TOKENS
 from g4bench.server.settings import API_KEY_ENV, ServerSettings
 
 DEFAULTS = ServerSettings()
@@ -36,6 +37,16 @@ def serve(
     kv_layout: Annotated[
         str, typer.Option(help="KV layout: paged (blocks shared across requests) | contiguous (per slot)")
     ] = "paged",
+    max_batched_tokens: Annotated[
+        int, typer.Option(help="Token budget of one engine call: decode rows + prefill tokens (vLLM's meaning)")
+    ] = DEFAULT_MAX_BATCHED_TOKENS,
+    prefill_policy: Annotated[
+        str | None,
+        typer.Option(
+            help="mixed (decode rows and budgeted prefill chunks of several prompts in one call) | chunk (one "
+            "prompt's chunk per turn beside a separate decode call; the older policy). (default: mixed when paged)"
+        ),
+    ] = None,
     cached_windows: Annotated[
         int,
         typer.Option(
@@ -118,6 +129,7 @@ def serve(
             engine_stall_s=engine_stall_timeout, exit_on_engine_failure=exit_on_engine_failure,
             max_connections=max_connections, idle_timeout_s=idle_timeout, shutdown_timeout_s=shutdown_timeout,
             served_model_name=served_model_name, kv_layout=kv_layout, cached_windows=cached_windows,
+            max_batched_tokens=max_batched_tokens, prefill_policy=prefill_policy,
         )  # fmt: skip
         spec.server_settings(key)  # validates the limits before the model loads
     except ValueError as err:
