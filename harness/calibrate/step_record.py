@@ -2,7 +2,7 @@
 
     calibrate: fit points' configs ──fitted_step──▶ {field: value, or the sorted values seen} ──▶ [step] in the TOML
     plan:      Profile.step (or, for a profile written before the record, what its fit notes say) ──check──▶
-               CalibrateError naming each difference and the command that fits the right profile
+               StepMismatchError naming each difference and the command that fits the right profile
 
 Only the fields a profile's features cannot price are checked (`CHECKED`): the KV layout and the
 prefill policy (and the token budget when both run the mixed step). KV dtype, sliding KV and donation
@@ -84,10 +84,12 @@ def differences(fitted: dict[str, Any], step: ServedStep) -> list[str]:
     return out
 
 
-def check(profile: Any, step: ServedStep) -> None:
-    """Raise CalibrateError when `profile` was fitted on another step than `step` (the one simulated)."""
-    from harness.calibrate.main import CalibrateError
+class StepMismatchError(ValueError):
+    """A profile fitted on another step than the one to predict (plan exits 2 with this message)."""
 
+
+def check(profile: Any, step: ServedStep) -> None:
+    """Raise StepMismatchError when `profile` was fitted on another step than `step` (the one simulated)."""
     if profile.engine.startswith("reference"):
         return  # another engine's rates transferred onto our step's costs: an assumption plan prints, not a fit
     fitted, source = profile_step(profile)
@@ -95,8 +97,8 @@ def check(profile: Any, step: ServedStep) -> None:
         return
     diff = differences(fitted, step)
     if diff:
-        raise CalibrateError(
+        raise StepMismatchError(
             f"profile {profile.device} was fitted on another step than the one simulated ({step.describe()}): "
             f"{'; '.join(diff)} (simulated vs fitted, from {source}). Fit a profile on the served step: "
-            f"`{FIT_SERVED}` (add --prefill-policy/--kv-layout to match), then `g4bench plan --profile PATH`"
+            f"`{FIT_SERVED}` on the step plan simulates, then `g4bench plan --profile PATH`"
         )

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from g4bench.engine.served_step import ServedStep
-from harness.calibrate.main import CalibrateError, load_profile, profile_toml
-from harness.calibrate.step_record import check, config_step, fitted_step, profile_step
+from harness.calibrate.main import load_profile, profile_toml
+from harness.calibrate.step_record import StepMismatchError, check, config_step, fitted_step, profile_step
 from harness.calibrate.steptime import Profile
 
 
@@ -25,7 +25,7 @@ def test_fitted_step_lists_what_varies_and_old_records_ran_the_chunk_policy():
 
 def test_plan_refuses_a_profile_of_another_step_with_the_difference_and_the_fix():
     prof = _profile({"kv_layout": "contiguous", "sliding_kv": "full", "prefill_policy": "chunk"})
-    with pytest.raises(CalibrateError) as err:
+    with pytest.raises(StepMismatchError) as err:
         check(prof, ServedStep.served())
     msg = str(err.value)
     assert "kv_layout: paged vs contiguous" in msg and "prefill_policy: mixed vs chunk" in msg
@@ -36,7 +36,7 @@ def test_plan_refuses_a_profile_of_another_step_with_the_difference_and_the_fix(
 def test_the_token_budget_counts_only_between_two_mixed_steps():
     prof = _profile({"kv_layout": "paged", "prefill_policy": "mixed", "max_batched_tokens": 512})
     check(prof, ServedStep.served())
-    with pytest.raises(CalibrateError, match="max_batched_tokens: 1024 vs 512"):
+    with pytest.raises(StepMismatchError, match="max_batched_tokens: 1024 vs 512"):
         check(prof, ServedStep.served(max_batched_tokens=1024))
 
 
