@@ -12,6 +12,8 @@ from typing import Annotated
 
 import typer
 
+from g4bench.commands.options import TARGET_HELP, alias, renamed, target_hardware
+
 
 def _split(value: str | None) -> tuple[str, ...] | None:
     return tuple(v.strip() for v in value.split(",") if v.strip()) if value else None
@@ -19,7 +21,7 @@ def _split(value: str | None) -> tuple[str, ...] | None:
 
 def capacity(
     ctx: Annotated[int, typer.Option(help="Context length (KV positions) of every sequence.")] = 8192,
-    model: Annotated[str, typer.Option(help="Model: e2b, e4b, a tiny-* preset or a config .json.")] = "e2b",
+    model: Annotated[str, typer.Option(help="Model: e2b, e4b, small, a tiny-* preset or a config .json.")] = "e2b",
     kv_dtype: Annotated[str, typer.Option(help="KV dtypes, comma-separated: bf16,int8.")] = "bf16,int8",
     step: Annotated[str, typer.Option(help="Decode step variants: donated,copying.")] = "donated,copying",
     ple: Annotated[str, typer.Option(help="PLE table formats: bf16,int8,int4.")] = "bf16",
@@ -34,7 +36,11 @@ def capacity(
         ),
     ] = "contiguous",
     target: Annotated[
-        str, typer.Option(help="local (run on this device) or a compile target: tpu-v5e, tpu-v6e, tpu-v5p.")
+        str,
+        typer.Option(
+            help=f"{TARGET_HELP}: local runs on this device, a TPU is compiled for on this host (no TPU "
+            "needed); a GPU without a deviceless compile says so (run --target local on it)."
+        ),
     ] = "local",
     layers: Annotated[
         str | None,
@@ -72,6 +78,7 @@ def capacity(
         int,
         typer.Option(help="Admission table: also count agents whose contexts share this many first tokens."),
     ] = 0,
+    kv: Annotated[str | None, renamed("--kv", "--kv-dtype")] = None,
 ) -> None:
     """Find the largest decode batch that fits, by bisection (one fresh process per probe; within 2% locally, exact for a TPU target).
 
@@ -85,6 +92,8 @@ def capacity(
     from harness.run import KV_LAYOUTS
 
     console = Console(stderr=True)
+    kv_dtype = alias(kv_dtype, kv)
+    hw_target = "local" if target == "local" else target_hardware(target)  # unknown: a usage error
     request = CapacityRequest(
         ctx=ctx,
         model=model,
@@ -93,7 +102,7 @@ def capacity(
         ple=_split(ple),
         sliding=_split(sliding_kv),
         kv_layouts=_split(kv_layout),
-        target=target,
+        target=hw_target,
         layers=layers,
         prefill_tokens=tuple(int(t) for t in _split(prefill) or ()),
         tol=tol,

@@ -2,7 +2,7 @@
 
 Data flow: `--model` → `load_model` (a preset/config with synthetic weights in the platform's
 default format, or a checkpoint dir) → prompt ids (`--prompt` text through the synthetic
-tokenizer for synthetic models or the checkpoint's tokenizer.json, with BOS; or `--prompt-tokens N`
+tokenizer for synthetic models or the checkpoint's tokenizer.json, with BOS; or `--input-len N`
 deterministic random ids) → an `Engine` with `--batch` slots sized to prompt + output →
 a warm-up run of the same generation compiles exactly the programs the timed run uses (reported
 as compile time: first run minus steady run) → the timed run: each
@@ -18,16 +18,16 @@ from typing import Annotated
 
 import typer
 
+from g4bench.commands.options import MODEL_HELP, alias, renamed
+
 
 def generate(
-    model: Annotated[
-        str, typer.Option(help="e2b | e4b | small | tiny-a | a config .json | a checkpoint DIR")
-    ] = "e2b",
+    model: Annotated[str, typer.Option(help=MODEL_HELP)] = "e2b",
     prompt: Annotated[str | None, typer.Option(help="Prompt text (BOS is prepended)")] = None,
-    prompt_tokens: Annotated[
+    input_len: Annotated[
         int | None, typer.Option(help="Use N deterministic random prompt ids instead")
     ] = None,
-    max_tokens: Annotated[int, typer.Option(help="Tokens to generate per sequence")] = 32,
+    output_len: Annotated[int, typer.Option(help="Tokens to generate per sequence")] = 32,
     batch: Annotated[int, typer.Option(help="Run N copies of the prompt in N slots")] = 1,
     kv_dtype: Annotated[str, typer.Option(help="KV cache storage: bf16 | int8")] = "bf16",
     sliding_kv: Annotated[str, typer.Option(help="Sliding-layer KV: ring | full")] = "ring",
@@ -38,6 +38,8 @@ def generate(
     seed: Annotated[int, typer.Option(help="Sampling, prompt-id and synthetic-weight seed")] = 0,
     ignore_eos: Annotated[bool, typer.Option(help="Keep generating past EOS (fixed-length timing)")] = False,
     ids: Annotated[bool, typer.Option("--ids", help="Print token ids instead of text on stdout")] = False,
+    prompt_tokens: Annotated[int | None, renamed("--prompt-tokens", "--input-len")] = None,
+    max_tokens: Annotated[int | None, renamed("--max-tokens", "--output-len")] = None,
     draft_model: Annotated[
         str | None, typer.Option(help="Also decode speculatively with this draft model (batch 1)")
     ] = None,
@@ -48,11 +50,12 @@ def generate(
     from rich.markup import escape
 
     console = Console(stderr=True, soft_wrap=True)
+    prompt_tokens, max_tokens = alias(input_len, prompt_tokens), alias(output_len, max_tokens)
     if (prompt is None) == (prompt_tokens is None):
-        console.print("[red]give exactly one of --prompt TEXT or --prompt-tokens N[/]")
+        console.print("[red]give exactly one of --prompt TEXT or --input-len N[/]")
         raise typer.Exit(code=2)
     if max_tokens < 1 or batch < 1 or chunk_size < 1 or (prompt_tokens is not None and prompt_tokens < 1):
-        console.print("[red]--max-tokens, --batch, --chunk-size and --prompt-tokens must be >= 1[/]")
+        console.print("[red]--output-len, --batch, --chunk-size and --input-len must be >= 1[/]")
         raise typer.Exit(code=2)
     if kv_dtype not in ("bf16", "int8") or sliding_kv not in ("ring", "full"):
         console.print("[red]--kv-dtype must be bf16|int8 and --sliding-kv ring|full[/]")

@@ -8,20 +8,21 @@ from typing import Annotated
 
 import typer
 
-from g4bench.commands.options import str_list
-
-_SLO = Path(__file__).resolve().parents[2] / "configs" / "slo" / "agent.toml"
+from g4bench.commands.options import SLO_DEFAULT, SLO_DEFAULT_HELP, TARGET_HELP, str_list, target_hardware
 
 
 def plan(
     validate: Annotated[
         list[Path] | None, typer.Option(help="Measured serve-load run folder to re-simulate (repeatable).")
     ] = None,
-    target: Annotated[str, typer.Option(help="tpu-v5e | tpu-v6e | h200 | local (this host).")] = "local",
+    target: Annotated[str, typer.Option(help=f"{TARGET_HELP}.")] = "local",
     profile: Annotated[
         str | None, typer.Option(help="Step-time profile id or path. (default: the target's)")
     ] = None,
-    model: Annotated[str | None, typer.Option(help="Model preset. (default: e2b; local: small)")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="Model: e2b | e4b | small | a tiny-* preset. (default: e2b; local: small)"),
+    ] = None,
     workload: Annotated[str, typer.Option(help="fixed | agent | shared-prefix.")] = "agent",
     agents: Annotated[
         int, typer.Option(help="Concurrent agents to serve (chips are sized for this many).")
@@ -36,8 +37,10 @@ def plan(
     max_slots: Annotated[
         str, typer.Option(help="Engine slot caps to search, comma-separated; 'agents' = one slot per agent.")
     ] = "agents",
-    slo: Annotated[Path, typer.Option(help="Goodput objectives (TOML), as serve-load.")] = _SLO,
-    out: Annotated[Path | None, typer.Option(help="Output folder. (default results/<run-id>)")] = None,
+    slo: Annotated[
+        Path, typer.Option(help="Goodput objectives (TOML), as serve-load.", show_default=SLO_DEFAULT_HELP)
+    ] = SLO_DEFAULT,
+    out: Annotated[Path | None, typer.Option(help="Output folder. (default: results/<run-id>)")] = None,
     spec_k: Annotated[
         int | None,
         typer.Option(help="Price speculative decoding with K drafts per verify step (instead of sizing)."),
@@ -66,6 +69,7 @@ def plan(
         console.width = 160  # logs and captures: keep the tables on one line per row
     run_dir = out or create_run_dir(Path("results"), "plan")
     try:
+        target_hardware(target)  # an unknown target is a usage error listing them
         tgt = planner.resolve_target(target, profile, model)
         if spec_k is not None:
             from harness.sim.speculative import print_speculative, run_speculative

@@ -11,6 +11,8 @@ from typing import Annotated
 
 import typer
 
+from g4bench.commands.options import renamed
+
 
 def revalidate(
     all_: Annotated[
@@ -26,7 +28,7 @@ def revalidate(
     model: Annotated[
         str | None,
         typer.Option(
-            help="Model: e2b, e4b, a tiny-* preset, a config .json or a checkpoint dir. (default: e2b)"
+            help="Model: e2b, e4b, small, a tiny-* preset, a config .json or a checkpoint dir. (default: e2b)"
         ),
     ] = None,
     ctx: Annotated[
@@ -73,9 +75,9 @@ def revalidate(
     seed: Annotated[
         int | None, typer.Option(help="Seed of the weights, the visit orders and the bootstrap. (default: 0)")
     ] = None,
-    floor_pct: Annotated[
-        float | None,
-        typer.Option(help="Practical floor in percent: smaller effects are never faster/slower. (default: 2)"),
+    floor: Annotated[
+        str | None,
+        typer.Option(help="Practical floor, '2%' or 0.02: smaller effects are never faster/slower. (default: 2%)"),
     ] = None,
     aa: Annotated[
         int | None,
@@ -123,6 +125,7 @@ def revalidate(
             help="Cap each child's address space (RLIMIT_AS) in GiB; XLA reserves more than it uses, so be generous."
         ),
     ] = None,
+    floor_pct: Annotated[float | None, renamed("--floor-pct", "--floor")] = None,
 ) -> None:
     """Measure the decode step over configs/sweeps/revalidate.toml (PLE × KV dtype × donation) × batch × ctx.
 
@@ -132,7 +135,7 @@ def revalidate(
 
     from rich.console import Console
 
-    from g4bench.commands.options import int_list, str_list
+    from g4bench.commands.options import int_list, parse_floor, str_list
     from harness.revalidate.main import RevalidateError, RevalidateRequest, run_revalidate
 
     console = Console(stderr=True)
@@ -148,7 +151,7 @@ def revalidate(
         samples=samples,
         warmup=warmup,
         seed=seed,
-        floor=floor_pct / 100.0 if floor_pct is not None else None,
+        floor=floor_pct / 100.0 if floor_pct is not None else parse_floor(floor),
         aa=aa,
         visit=visit,
         budget_s=budget_min * 60.0 if budget_min is not None else None,

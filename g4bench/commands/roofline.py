@@ -14,7 +14,7 @@ import typer
 
 def roofline(
     model: Annotated[
-        str | None, typer.Option(help="Model: e2b, e4b, a tiny-* preset or a config .json. (default: e2b)")
+        str | None, typer.Option(help="Model: e2b, e4b, small, a tiny-* preset or a config .json. (default: e2b)")
     ] = None,
     batch: Annotated[
         str | None,

@@ -16,6 +16,8 @@ from typing import Annotated
 
 import typer
 
+from g4bench.commands.options import alias, renamed
+from g4bench.engine.served_step import DEFAULT_MAX_BATCHED_TOKENS
 from g4bench.server.settings import API_KEY_ENV, ServerSettings
 
 DEFAULTS = ServerSettings()
@@ -23,7 +25,7 @@ DEFAULTS = ServerSettings()
 
 def serve(
     model: Annotated[
-        str, typer.Option(help="e2b | e4b | a checkpoint DIR | a config .json (synthetic weights)")
+        str, typer.Option(help="e2b | e4b | small | a tiny-* preset | a config .json (synthetic weights) | a checkpoint DIR")
     ] = "e2b",
     kv_dtype: Annotated[str, typer.Option(help="KV cache storage: bf16 | int8")] = "bf16",
     max_slots: Annotated[int, typer.Option(help="Concurrent sequences (KV slots)")] = 8,
@@ -35,6 +37,16 @@ def serve(
     kv_layout: Annotated[
         str, typer.Option(help="KV layout: paged (blocks shared across requests) | contiguous (per slot)")
     ] = "paged",
+    max_batched_tokens: Annotated[
+        int, typer.Option(help="Token budget of one engine call: decode rows + prefill tokens (vLLM's meaning)")
+    ] = DEFAULT_MAX_BATCHED_TOKENS,
+    prefill_policy: Annotated[
+        str | None,
+        typer.Option(
+            help="mixed (decode rows and budgeted prefill chunks of several prompts in one call) | chunk (one "
+            "prompt's chunk per turn beside a separate decode call; the older policy). (default: mixed when paged)"
+        ),
+    ] = None,
     cached_windows: Annotated[
         int,
         typer.Option(
@@ -91,11 +103,13 @@ def serve(
     shutdown_timeout: Annotated[
         float, typer.Option(help="Seconds to let busy connections finish after SIGTERM")
     ] = 5.0,
-    served_model_name: Annotated[
+    model_name: Annotated[
         str | None, typer.Option(help="Model id clients send (default: --model)")
     ] = None,
+    served_model_name: Annotated[str | None, renamed("--served-model-name", "--model-name")] = None,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API."""
+    served_model_name = alias(model_name, served_model_name)
     if kv_dtype not in ("bf16", "int8"):
         raise typer.BadParameter(f"--kv-dtype must be bf16 or int8, got {kv_dtype!r}")
     if sliding_kv not in ("ring", "full"):
@@ -115,6 +129,7 @@ def serve(
             engine_stall_s=engine_stall_timeout, exit_on_engine_failure=exit_on_engine_failure,
             max_connections=max_connections, idle_timeout_s=idle_timeout, shutdown_timeout_s=shutdown_timeout,
             served_model_name=served_model_name, kv_layout=kv_layout, cached_windows=cached_windows,
+            max_batched_tokens=max_batched_tokens, prefill_policy=prefill_policy,
         )  # fmt: skip
         spec.server_settings(key)  # validates the limits before the model loads
     except ValueError as err:

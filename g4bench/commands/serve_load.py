@@ -18,7 +18,8 @@ from typing import Annotated
 
 import typer
 
-_SLO = Path(__file__).resolve().parents[2] / "configs" / "slo" / "agent.toml"
+from g4bench.commands.options import SLO_DEFAULT as _SLO
+from g4bench.commands.options import SLO_DEFAULT_HELP
 
 
 def serve_load(
@@ -82,8 +83,8 @@ def serve_load(
     api: Annotated[
         str, typer.Option(help="auto | tokens (token-id prompts, exact prefix check) | chat (any server).")
     ] = "auto",
-    slo: Annotated[Path, typer.Option(help="Goodput objectives (TOML).")] = _SLO,
-    out: Annotated[Path | None, typer.Option(help="Run folder (default results/<run-id>).")] = None,
+    slo: Annotated[Path, typer.Option(help="Goodput objectives (TOML).", show_default=SLO_DEFAULT_HELP)] = _SLO,
+    out: Annotated[Path | None, typer.Option(help="Run folder (default: results/<run-id>).")] = None,
     timeout: Annotated[
         float, typer.Option(help="Per-request limit in seconds; a timeout is a recorded failure.")
     ] = 600.0,

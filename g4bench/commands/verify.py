@@ -1,6 +1,6 @@
 """`g4bench verify`: our engine against transformers' Gemma4ForCausalLM on the same weights and prompt.
 
-`--checkpoint DIR` verifies a checkpoint (BF16, f32 or compressed-tensors W4A16); `--config FILE`
+`--checkpoint DIR` verifies a checkpoint (BF16, f32 or compressed-tensors W4A16); `--model FILE`
 (or a preset name) writes synthetic random weights to a temporary checkpoint first. The work is
 `harness.checks.verify`; this command prints its report (rich, stderr): max |Δlogit| over the prompt
 positions (summarized) and at every decode step, transformers' own float32 error on the same
@@ -17,17 +17,19 @@ from typing import Annotated, Any
 
 import typer
 
+from g4bench.commands.options import MODEL_HELP, alias, renamed
+
 
 def verify(
     checkpoint: Annotated[
         Path | None, typer.Option(help="Checkpoint directory (config.json + *.safetensors)")
     ] = None,
-    config: Annotated[
+    model: Annotated[
         str | None,
-        typer.Option(help="Config .json or preset name: synthetic weights in a temporary checkpoint"),
+        typer.Option(help=f"Synthetic weights in a temporary checkpoint: {MODEL_HELP.rsplit(' | ', 1)[0]}"),
     ] = None,
-    prompt_len: Annotated[int, typer.Option(help="Prompt tokens (BOS + random ids)")] = 40,
-    decode_steps: Annotated[int, typer.Option(help="Greedy decode steps after the prefill")] = 8,
+    input_len: Annotated[int, typer.Option(help="Prompt tokens (BOS + random ids)")] = 40,
+    output_len: Annotated[int, typer.Option(help="Greedy decode steps after the prefill")] = 8,
     tolerance: Annotated[
         float,
         typer.Option(help="Largest acceptable max |Δlogit|, raised to 2 × transformers' own float32 error"),
@@ -42,21 +44,26 @@ def verify(
     sliding_kv: Annotated[str, typer.Option(help="Our sliding-layer KV: ring | full")] = "ring",
     chunk_size: Annotated[int | None, typer.Option(help="Our prefill chunk (default: one shot)")] = None,
     seed: Annotated[int, typer.Option(help="Prompt (and synthetic weight) seed")] = 0,
+    config: Annotated[str | None, renamed("--config", "--model")] = None,
+    prompt_len: Annotated[int | None, renamed("--prompt-len", "--input-len")] = None,
+    decode_steps: Annotated[int | None, renamed("--decode-steps", "--output-len")] = None,
 ) -> None:
     """Compare our engine's logits with transformers' on the same weights; exit 1 beyond tolerance."""
     from rich.console import Console
     from rich.markup import escape
 
     console = Console(stderr=True, soft_wrap=True)
+    config = alias(model, config)
+    prompt_len, decode_steps = alias(input_len, prompt_len), alias(output_len, decode_steps)
     if (checkpoint is None) == (config is None):
-        console.print("[red]give exactly one of --checkpoint DIR or --config FILE[/]")
+        console.print("[red]give exactly one of --checkpoint DIR or --model PRESET|FILE[/]")
         raise typer.Exit(code=2)
     if reference_dtype not in ("float64", "float32") or sliding_kv not in ("ring", "full"):
         console.print("[red]--reference-dtype must be float64|float32 and --sliding-kv ring|full[/]")
         raise typer.Exit(code=2)
     if prompt_len < 1 or decode_steps < 0 or tolerance <= 0 or (chunk_size is not None and chunk_size < 1):
         console.print(
-            "[red]--prompt-len and --chunk-size must be >= 1, --decode-steps >= 0, --tolerance > 0[/]"
+            "[red]--input-len and --chunk-size must be >= 1, --output-len >= 0, --tolerance > 0[/]"
         )
         raise typer.Exit(code=2)
 

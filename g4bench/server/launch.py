@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass, fields
 from typing import Any
 
+from g4bench.engine.served_step import DEFAULT_MAX_BATCHED_TOKENS, ServedStep
 from g4bench.server.settings import API_KEY_ENV, ServerSettings
 
 DEFAULTS = ServerSettings()
@@ -38,8 +39,8 @@ class LaunchSpec:
     sliding_kv: str = "ring"
     kv_layout: str = "paged"  # paged: blocks shared across requests (radix index); contiguous: per slot
     cached_windows: int = 4  # paged: sliding-layer windows kept cached per slot
-    max_batched_tokens: int = 512  # one engine call's token budget (decode rows + prefill tokens)
-    prefill_policy: str | None = None  # mixed | chunk; None: mixed when paged (EngineConfig.policy)
+    max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS  # one engine call's token budget (decode + prefill)
+    prefill_policy: str | None = None  # mixed | chunk; None: mixed when paged (ServedStep.policy)
     host: str = "127.0.0.1"
     port: int = 8000
     protect_docs: bool = False
@@ -61,6 +62,9 @@ class LaunchSpec:
             raise ValueError(f"kv_dtype must be bf16 or int8, got {self.kv_dtype!r}")
         if self.sliding_kv not in ("ring", "full"):
             raise ValueError(f"sliding_kv must be ring or full, got {self.sliding_kv!r}")
+        self.step()  # validates layout, sliding KV, KV dtype, token budget and prefill policy together
+        if self.prefill_policy == "mixed" and self.kv_layout != "paged":
+            raise ValueError("prefill_policy mixed needs kv_layout paged (the contiguous layout runs chunk)")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
         positive = {"max_connections": self.max_connections, "idle_timeout_s": self.idle_timeout_s,
@@ -68,6 +72,12 @@ class LaunchSpec:
         for name, value in positive.items():
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
+
+    def step(self) -> ServedStep:
+        """The served step this server runs (what a profile must be fitted on to predict it)."""
+        return ServedStep.served(kv_layout=self.kv_layout, sliding_kv=self.sliding_kv, kv_dtype=self.kv_dtype,
+                                 chunk_size=self.chunk_size, max_batched_tokens=self.max_batched_tokens,
+                                 prefill_policy=self.prefill_policy)  # fmt: skip
 
     def server_settings(self, api_key: str | None, on_engine_failure: Any = None) -> ServerSettings:
         """The app's limits and security for this spec (raises ValueError on a bad limit)."""
@@ -109,7 +119,6 @@ def run_server(spec: LaunchSpec, api_key: str | None = None, console: Any = None
 
     from rich.console import Console
 
-    from g4bench.engine.engine import EngineConfig
     from g4bench.engine.loading import load_engine
     from g4bench.engine.scheduler import Scheduler
     from g4bench.server.app import create_app
@@ -127,16 +136,8 @@ def run_server(spec: LaunchSpec, api_key: str | None = None, console: Any = None
             f"[bold red]warning[/]: binding {spec.host} (reachable from other machines) without an API key; "
             f"set ${API_KEY_ENV} or --api-key-file"
         )
-    ecfg = EngineConfig(
-        max_slots=spec.max_slots,
-        max_len=spec.max_len,
-        kv_dtype=spec.kv_dtype,
-        sliding_kv=spec.sliding_kv,
-        chunk_size=spec.chunk_size,
-        kv_layout=spec.kv_layout,
-        cached_windows=spec.cached_windows,
-        max_batched_tokens=spec.max_batched_tokens,
-        prefill_policy=spec.prefill_policy,
+    ecfg = spec.step().engine_config(
+        max_slots=spec.max_slots, max_len=spec.max_len, cached_windows=spec.cached_windows
     )
     console.print(f"[bold]g4bench serve[/]: loading {spec.model} ({ecfg})")
     engine, tokenizer_dir = load_engine(spec.model, ecfg)

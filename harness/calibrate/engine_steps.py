@@ -118,7 +118,8 @@ def _mixed_shapes(engine: Any, k: int, timed: Any) -> list[dict[str, Any]]:
     shapes: list[dict[str, Any]] = []
     seen: set[int] = set()
     for rows in ecfg.row_buckets:
-        pieces, left, slot = [], rows * piece, 0
+        pieces: list[Piece] = []
+        left, slot = rows * piece, 0
         while left > 0 and slot < S:
             n = min(left, ecfg.chunk_size, k)
             sampling = SamplingParams() if len(pieces) < SAMPLED_PER_STEP else None

@@ -272,6 +272,8 @@ def profile_toml(profile: Profile, rows: dict[str, list[dict[str, Any]]]) -> str
            "# Model form: harness/calibrate/steptime.py. Do not edit by hand; re-run calibrate.",
            f"device = {_toml_value(profile.device)}", f"engine = {_toml_value(profile.engine)}", "", "[provenance]"]  # fmt: skip
     out += [f"{k} = {_toml_value(v)}" for k, v in profile.provenance.items()]
+    if profile.step:
+        out += ["", "[step]"] + [f"{k} = {_toml_value(v)}" for k, v in profile.step.items()]
     for prog, m in profile.programs.items():
         out += ["", f"[{prog}]", f"overlap_p = {_toml_value(float(m.overlap_p))}"]
         out += [f"{k} = {_toml_value(v)}" for k, v in m.coef.items()]
@@ -303,7 +305,8 @@ def load_profile(device_or_path: str | Path) -> Profile | None:
             progs[prog] = StepModel(
                 {n: float(d[n]) for n in COEFFS}, float(d["overlap_p"]), dict(d.get("validation", {}))
             )
-    return Profile(str(data["device"]), str(data.get("engine", "")), progs, dict(data.get("provenance", {})))
+    return Profile(str(data["device"]), str(data.get("engine", "")), progs, dict(data.get("provenance", {})),
+                   dict(data.get("step", {})))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ the command
@@ -379,7 +382,10 @@ def run_calibrate(run_dirs: list[Path], holdout_dirs: list[Path], *, reference: 
     if reference and "prefill" not in models:
         models["prefill"], rows_by["prefill"] = reference_prefill_model(models["decode"])
         prov["prefill_data"] = f"configs/baselines/{PREFILL_CSV}.csv"
-    profile = Profile(dev, engine, models, prov)
+    from harness.calibrate.step_record import REFERENCE_STEP, fitted_step
+
+    step = dict(REFERENCE_STEP) if reference else fitted_step(p.config for p in fit)
+    profile = Profile(dev, engine, models, prov, step)
     path = write_profile(out or PROFILE_DIR / f"{dev}.toml", profile, rows_by)
     rows = [r for prog in models for r in rows_by[prog]]
     for prog in models:

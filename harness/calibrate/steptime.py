@@ -110,6 +110,7 @@ class Profile:
     engine: str
     programs: dict[str, StepModel]
     provenance: dict[str, Any] = field(default_factory=dict)
+    step: dict[str, Any] = field(default_factory=dict)  # the served step fitted on (harness/calibrate/step_record.py)
 
     def model(self, program: str = "decode") -> StepModel | None:
         return self.programs.get(program)

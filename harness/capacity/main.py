@@ -139,7 +139,10 @@ def resolve_settings(req: CapacityRequest, console: Any) -> Settings:
     else:
         hw = load_hardware(target)
         if not hw.aot_topology:
-            raise CapacityError(f"{target} has no aot_topology; compile targets: tpu-v5e, tpu-v6e, tpu-v5p")
+            raise CapacityError(
+                f"{target} has no aot_topology (no deviceless compile): compile targets are tpu-v5e, tpu-v6e, "
+                "tpu-v5p; on the GPU itself run `g4bench capacity --target local`"
+            )
         usable = hw.value("usable_hbm_bytes")
         limit = int(usable or hw.value("hbm_bytes") or 0)
         fig = hw.figures["usable_hbm_bytes" if usable else "hbm_bytes"]

@@ -316,7 +316,7 @@ def resolve_settings(
     if settings.visit not in VISIT_MODES:
         raise RevalidateError(f"--visit takes {', '.join(VISIT_MODES)}; got {settings.visit!r}")
     if settings.aa < 0 or not 0 <= settings.floor < 1:
-        raise RevalidateError("--aa must be >= 0 and --floor-pct in [0, 100)")
+        raise RevalidateError("--aa must be >= 0 and --floor in [0%, 100%)")
     notes = []
     if applied:
         shown = ", ".join(f"{k} {v}" for k, v in applied.items())

@@ -23,7 +23,7 @@ from typing import Any
 from harness.sim.fleet import Knobs, Sizing, costs_of, memory_ceiling, size_one
 from harness.sim.simulate import ServerShape
 
-ALIASES = {"h200": "nvidia-h200", "local": "cpu"}
+ALIASES = {"h100": "nvidia-h100", "h200": "nvidia-h200", "local": "cpu"}
 LOCAL_PROFILE = "cpu-2core-engine"
 
 
@@ -39,8 +39,16 @@ class Target:
     assumptions: list[str] = field(default_factory=list)
 
     def pricer_for(self, shape: ServerShape) -> Any:
+        from g4bench.engine.served_step import ServedStep
         from g4bench.model.config import load_config
+        from harness.calibrate.step_record import check
         from harness.sim.pricing import StepPricer
+
+        if self.profile is not None:  # refuse a profile fitted on another step than the one simulated
+            check(self.profile, ServedStep.served().with_(
+                kv_layout=shape.kv_layout, sliding_kv=shape.sliding_kv, kv_dtype=shape.kv_dtype,
+                chunk_size=shape.chunk_size, max_batched_tokens=getattr(shape, "max_batched_tokens", None),
+                prefill_policy=getattr(shape, "prefill_policy", None)))  # fmt: skip
 
         return StepPricer.for_engine(self.profile, load_config(shape.model), self.fmt, shape.engine_config(),
                                      self.hardware)  # fmt: skip

@@ -15,7 +15,7 @@ runner = CliRunner()
 def test_generate_batch_ids_on_stdout_timings_on_stderr():
     """Two copies of a text prompt (synthetic tokenizer + BOS) in two slots: the same greedy ids twice on
     stdout; prefill, decode and compile figures on stderr."""
-    args = ["generate", "--model", "tiny-a", "--prompt", "hi there", "--max-tokens", "4", "--batch", "2"]
+    args = ["generate", "--model", "tiny-a", "--prompt", "hi there", "--output-len", "4", "--batch", "2"]
     result = runner.invoke(app, [*args, "--ids", "--ignore-eos"])
     assert result.exit_code == 0, result.output
     rows = [[int(x) for x in line.split()] for line in result.stdout.splitlines()]
@@ -34,8 +34,8 @@ def test_generate_batch_ids_on_stdout_timings_on_stderr():
 @pytest.mark.parametrize(
     "args",
     [
-        ["--model", "tiny-a"],  # neither --prompt nor --prompt-tokens
-        ["--model", "tiny-a", "--prompt", "x", "--prompt-tokens", "3"],
+        ["--model", "tiny-a"],  # neither --prompt nor --input-len
+        ["--model", "tiny-a", "--prompt", "x", "--input-len", "3"],
         ["--model", "tiny-a", "--prompt", "x", "--kv-dtype", "fp8"],
         ["--model", "no-such-model", "--prompt", "x"],
     ],
@@ -48,7 +48,7 @@ def test_generate_bad_input_exits_2(args):
 @pytest.mark.parity
 def test_verify_config_passes():
     pytest.importorskip("transformers")
-    result = runner.invoke(app, ["verify", "--config", "tiny-a", "--prompt-len", "20", "--decode-steps", "3"])
+    result = runner.invoke(app, ["verify", "--model", "tiny-a", "--input-len", "20", "--output-len", "3"])
     assert result.exit_code == 0, result.output
     for text in ("prefill 0..18", "decode 3 (pos 22)", "PASS", "greedy agreement 4/4"):
         assert text in result.stderr
@@ -68,15 +68,15 @@ def test_verify_beyond_tolerance_exits_1(monkeypatch):
         )  # fmt: skip
 
     monkeypatch.setattr(hv, "verify_config", fake)
-    result = runner.invoke(app, ["verify", "--config", "tiny-a"])
+    result = runner.invoke(app, ["verify", "--model", "tiny-a"])
     assert result.exit_code == 1, result.output
     assert "FAIL" in result.stderr and "3.00e-03" in result.stderr
-    assert runner.invoke(app, ["verify", "--config", "tiny-a", "--tolerance", "1e-2"]).exit_code == 0
+    assert runner.invoke(app, ["verify", "--model", "tiny-a", "--tolerance", "1e-2"]).exit_code == 0
 
 
 def test_verify_without_parity_extra_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ModuleNotFoundError
-    result = runner.invoke(app, ["verify", "--config", "tiny-a"])
+    result = runner.invoke(app, ["verify", "--model", "tiny-a"])
     assert result.exit_code == 2, result.output
     assert "pip install 'g4bench[parity]'" in result.stderr
 
@@ -84,9 +84,9 @@ def test_verify_without_parity_extra_says_how_to_install(monkeypatch):
 @pytest.mark.parametrize(
     "args",
     [
-        [],  # neither --checkpoint nor --config
-        ["--config", "tiny-a", "--checkpoint", "/nonexistent"],
-        ["--config", "tiny-a", "--reference-dtype", "float16"],
+        [],  # neither --checkpoint nor --model
+        ["--model", "tiny-a", "--checkpoint", "/nonexistent"],
+        ["--model", "tiny-a", "--reference-dtype", "float16"],
         ["--checkpoint", "/nonexistent/dir"],
     ],
 )
