@@ -152,7 +152,7 @@ def test_cpu_defaults_are_printed_with_reason():
         CPU_DEFAULTS.warmup,
     )
     assert "15 minutes" in note and "rounds 3" in note
-    assert settings.budget_s == CPU_DEFAULTS.budget_s == 900 and "at least 3, more within 15 min" in note
+    assert settings.budget_s == CPU_DEFAULTS.budget_s == 900 and "at least 3, more until every comparison settles" in note and "within 15 min" in note
     assert settings.layers == "f32" and "do not fuse" in note
     assert settings.visit == "separate" and "1.35×" in note  # sharing a process biases copying steps
     shared, note = resolve_settings(
@@ -331,7 +331,7 @@ def test_rounds_are_added_while_another_fits_in_the_budget(fake_env, monkeypatch
     assert all(r["rounds"] == 2 for r in records if r["kind"] == "revalidate")
     assert sorted({ln["round"] for ln in map(json.loads, (out / "visits.jsonl").read_text().splitlines())}) == [0, 1]
     text = " ".join(res.output.split())
-    assert "r2/2+" in text and "more while another fits in 4 min" in text
+    assert "r2/2+" in text and "while another fits in 4 min" in text and "stopped: time budget" in text
     (fake_env / "ran.txt").unlink()
     monkeypatch.setattr(harness.revalidate.sweep, "sweep_clock", RoundClock())
     assert invoke("--out", out, "--resume").exit_code == 0
