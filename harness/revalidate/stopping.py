@@ -75,7 +75,7 @@ def _stretched(ratio: float, lo: float, hi: float, factor: float) -> tuple[float
 
 
 def comparison_state(ratio: dict[str, Any], rule: StopRule) -> str | None:
-    """"decided", "precise" or None (not settled) for one ``kind: "ratio"`` record."""
+    """ "decided", "precise" or None (not settled) for one ``kind: "ratio"`` record."""
     r, lo, hi, floor = ratio["ratio"], ratio["ci95_lo"], ratio["ci95_hi"], ratio["floor_pct"] / 100.0
     if min(r, lo, hi) <= 0:
         return None

@@ -114,7 +114,8 @@ def run_sweep(
                 progress.update(task, description=f"r{visit.round + 1} {visit.name}")
                 run_visits([visit], run.path, measure, on_visit, members)
             done += 1
-            outcome = write_outcome(points, settings, run, rounds=done)  # a round is complete: refresh the records
+            # a round is complete: refresh the records
+            outcome = write_outcome(points, settings, run, rounds=done)
             if done < rounds:
                 continue
             if budget is None:

@@ -528,3 +528,32 @@ def test_real_engine_child_on_tiny_model(tmp_path, monkeypatch):
         assert r["visit_size"] == 2
     kv = [r["kv_bytes"] for r in res["results"].values()]
     assert kv[0] != kv[1]  # two caches (bf16 and int8), one set of weights
+
+
+@pytest.mark.slow
+def test_a_budgeted_run_stops_once_every_comparison_is_settled(fake_env, monkeypatch):
+    """Donation halves the fake step (24 → 12 ms): decided at any round, so a run with a 100-minute
+    budget stops at the rule's minimum round (6), says why, and stores the reason in its summary."""
+    import harness.revalidate.sweep
+
+    monkeypatch.setattr(harness.revalidate.sweep, "sweep_clock", RoundClock())
+    out = fake_env / "run"
+    args = ["--config", "ple-bf16/kv-bf16/*", "--samples", 3, "--warmup", 0, "--batch", 2, "--ctx", 64]
+    res = invoke(*args, "--rounds", 1, "--budget-min", 100, "--out", out)
+    assert res.exit_code == 0, res.output
+    (summary,) = [r for r in read_records(out) if r["kind"] == "summary"]
+    assert summary["rounds_done"] == 6
+    assert summary["stop_reason"].startswith("every comparison settled after 6 rounds: 1 of 1 decided")
+    assert "stopped: every comparison settled after 6 rounds" in " ".join(res.output.split())
+
+
+def test_a_single_configuration_gets_a_smaller_default_budget():
+    from harness.revalidate.main import RevalidateRequest, _scaled_budget
+
+    settings, note = resolve_settings("cpu", model="tiny-a", batches=None, ctxs=None, rounds=None, samples=None,
+                                      warmup=None)  # fmt: skip
+    one, one_note = _scaled_budget(settings, note, 1, RevalidateRequest(), "cpu", resume=False)
+    assert one.budget_s == 300.0 and "time budget 5 min instead of 15" in (one_note or "")
+    assert _scaled_budget(settings, note, 12, RevalidateRequest(), "cpu", resume=False)[0].budget_s == 900.0
+    asked = RevalidateRequest(budget_s=900.0)  # --budget-min given: kept as asked
+    assert _scaled_budget(settings, note, 1, asked, "cpu", resume=False)[0].budget_s == 900.0
