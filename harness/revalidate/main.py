@@ -336,8 +336,8 @@ def resolve_settings(
         notes.append(f"visits {shape.visit} — {shape.visit_reason}")
     if budget_s is None and rounds is None and shape.budget_s:
         notes.append(
-            f"rounds: at least {settings.rounds}, more until every comparison settles (from round "
-            f"{MIN_ROUNDS_TO_STOP}), at most {settings.max_rounds}, within {shape.budget_s / 60:g} min — "
+            f"rounds: at least {settings.rounds}, more until every comparison settles (a lone configuration: "
+            f"its median within ±2%; from round {MIN_ROUNDS_TO_STOP}), at most {settings.max_rounds}, within {shape.budget_s / 60:g} min — "
             f"{shape.budget_reason}"
         )
     if settings.visit == "shared-weights":
