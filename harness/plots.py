@@ -119,7 +119,7 @@ def _step_panel(ax: Any, meas: Sequence[dict[str, Any]]) -> None:
         ax.text(med, y + 0.3, f" {med:.2f} ms ({r['step_rel_iqr_pct']:.1f}%)", fontsize=7, va="bottom")
     ax.set_yticks(ys, names, fontsize=8)
     ax.set_xlabel("decode step, ms (bar: median; black: IQR; grey ticks: min/max)")
-    ax.set_title("step time per configuration (orange copying, blue donated)")
+    ax.set_title("step time per configuration\n(orange copying, blue donated)", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
 
 
@@ -147,7 +147,7 @@ def _ratio_panel(ax: Any, ratios: Sequence[dict[str, Any]]) -> None:
         if with_ci
         else "ratio (> 1: the variant is faster); grey band: ±2 × noise"
     )
-    ax.set_title("verdicts: faster/slower only when the CI excludes 1 beyond the floor")
+    ax.set_title("verdicts: faster/slower only when\nthe CI excludes 1 beyond the floor", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
 
 
@@ -210,6 +210,12 @@ def _throughput_figure(meas: Sequence[dict[str, Any]], out_dir: Path) -> list[Pa
     return save(fig, out_dir, "throughput")
 
 
+def rounds_done(meas: Sequence[dict[str, Any]], cfg: dict[str, Any]) -> int:
+    """The rounds the run measured (a budgeted run adds rounds after its configured minimum)."""
+    done = [r["rounds"] for r in meas if not is_failure(r) and "rounds" in r]
+    return max(done) if done else int(cfg.get("rounds", 1))
+
+
 @register_plotter("revalidate")
 def plot_revalidate(
     records: Sequence[dict[str, Any]], run_dir: Path, out_dir: Path, console: Any
@@ -230,7 +236,7 @@ def plot_revalidate(
     cfg = meas[0]["config"]
     fig.suptitle(
         f"{cfg.get('model')} decode step, batch {cfg.get('batch')}, ctx {cfg.get('ctx')}, "
-        f"{cfg.get('rounds', 1)} round(s) × {cfg.get('samples')} samples — "
+        f"{rounds_done(meas, cfg)} round(s) done × {cfg.get('samples')} samples — "
         f"{env.get('device_kind') or env.get('platform')}, g4bench {env.get('g4bench_version')} ({env.get('git_rev')})",
         fontsize=10,
     )

@@ -79,6 +79,16 @@ def capacity(
         typer.Option(help="Admission table: also count agents whose contexts share this many first tokens."),
     ] = 0,
     kv: Annotated[str | None, renamed("--kv", "--kv-dtype")] = None,
+    agents: Annotated[
+        str | None,
+        typer.Option(help="Admission table: fleet sizes, comma-separated. (default: 2,4,8,16,32)"),
+    ] = None,
+    agent_ctx: Annotated[
+        str | None,
+        typer.Option(
+            help="Admission table: context tokens per agent, comma-separated. (default: 4096,8192,16384,32768)"
+        ),
+    ] = None,
 ) -> None:
     """Find the largest decode batch that fits, by bisection (one fresh process per probe; within 2% locally, exact for a TPU target).
 
@@ -88,6 +98,7 @@ def capacity(
 
     from rich.console import Console
 
+    from g4bench.commands.options import int_list
     from harness.capacity.main import CapacityError, CapacityRequest, run_capacity
     from harness.run import KV_LAYOUTS
 
@@ -110,6 +121,8 @@ def capacity(
         mem_limit_bytes=int(mem_limit_gib * 2**30) if mem_limit_gib else None,
         timeout_s=timeout,
         shared_prefix=shared_prefix,
+        agents=int_list(agents, "--agents"),
+        agent_ctx=int_list(agent_ctx, "--agent-ctx"),
     )
     bad = [s for s in request.steps or () if s not in ("donated", "copying")]
     bad += [s for s in request.sliding or () if s not in ("full", "ring")]

@@ -12,11 +12,33 @@ from typing import Annotated
 
 import typer
 
+REFERENCE_DIR = Path("results/reference")
+
+
+def check_folder(out: Path | None, dry_run: bool, results_root: Path = Path("results")) -> Path:
+    """`out`, or a new ``results/<UTC stamp>-device-check[-dry]/``: a check writes under results/,
+    never into the curated results/reference/ unless `--out` names it (a dry run never: its tiny CPU
+    figures are no reference)."""
+    from harness.results import create_run_dir
+
+    if out is None:
+        return create_run_dir(results_root, "device-check-dry" if dry_run else "device-check")
+    inside = out.resolve().is_relative_to(REFERENCE_DIR.resolve())
+    if dry_run and inside:
+        raise ValueError(
+            f"--dry-run writes tiny CPU runs, not references: choose an --out outside {REFERENCE_DIR}"
+        )
+    return out
+
 
 def device_check(
     out: Annotated[
-        Path, typer.Option(help="Folder for the steps' run folders, logs and device-check.json.")
-    ] = Path("results/reference/h200"),
+        Path | None,
+        typer.Option(
+            help="Folder for the steps' run folders, logs and device-check.json. "
+            "(default: results/<UTC stamp>-device-check/)"
+        ),
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option(help="Every step at tiny sizes on the CPU (tiny-a, tiny shapes).")
     ] = False,
@@ -37,6 +59,11 @@ def device_check(
     from g4bench.commands.device_steps import run_check, steps
 
     console = Console(stderr=True)
+    try:
+        out = check_folder(out, dry_run)
+    except ValueError as exc:
+        console.print(f"[red]device-check: {exc}[/red]", soft_wrap=True)
+        raise typer.Exit(code=2) from exc
     known = [s.name for s in steps(out, dry_run)]
     unknown = [s for s in step or () if s not in known]
     if unknown:

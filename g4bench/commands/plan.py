@@ -25,8 +25,12 @@ def plan(
     ] = None,
     workload: Annotated[str, typer.Option(help="fixed | agent | shared-prefix.")] = "agent",
     agents: Annotated[
-        int, typer.Option(help="Concurrent agents to serve (chips are sized for this many).")
-    ] = 64,
+        int,
+        typer.Option(
+            help="Concurrent agents to serve (chips are sized for this many); the agent regime this project "
+            "serves is 2-8."
+        ),
+    ] = 8,
     turns: Annotated[int, typer.Option(help="Turns per agent task.")] = 20,
     input_len: Annotated[int, typer.Option(help="First-turn prompt tokens.")] = 500,
     output_len: Annotated[int, typer.Option(help="Generated tokens per turn.")] = 64,

@@ -66,6 +66,14 @@ def revalidate(
             "Every round narrows every CI. (default: 15 on the CPU unless --rounds is given; none on an accelerator)"
         ),
     ] = None,
+    max_rounds: Annotated[
+        int | None,
+        typer.Option(
+            help="Cap on the rounds a time budget adds (a budgeted run also stops once every comparison is "
+            "settled, or every median is within ±2% where there is no comparison; the reason is printed). "
+            "(default: 100)"
+        ),
+    ] = None,
     samples: Annotated[
         int | None, typer.Option(help="Timed steps per configuration per visit. (default: 5 on the CPU, 8 on an accelerator)")
     ] = None,
@@ -155,6 +163,7 @@ def revalidate(
         aa=aa,
         visit=visit,
         budget_s=budget_min * 60.0 if budget_min is not None else None,
+        max_rounds=max_rounds,
         cpus=int_list(cpus, "--cpus", minimum=0),
         layers=layers,
         timeout_s=timeout,

@@ -62,6 +62,8 @@ class CapacityRequest:
     mem_limit_bytes: int | None = None
     timeout_s: float | None = None
     shared_prefix: int | None = None
+    agents: tuple[int, ...] | None = None  # the admission table's fleet sizes (None: admission.AGENTS)
+    agent_ctx: tuple[int, ...] | None = None  # its contexts per agent (None: admission.AGENT_CTX)
 
 
 @dataclass
@@ -192,7 +194,7 @@ def run_capacity(
     is harness/run.py's. Raises `CapacityError` (a `RequestError`) for unusable requests."""
     import psutil
 
-    from harness.capacity.admission import admission_rows, write_admission_csv
+    from harness.capacity.admission import AGENT_CTX, AGENTS, admission_rows, write_admission_csv
     from harness.capacity.latency import (
         admission_latency_table,
         annotate_admission,
@@ -255,7 +257,13 @@ def run_capacity(
             fields.update(local_prediction(cfg, s, (1, top), folder))
         dev = search.ceiling_probe.result.get("device") if search.ceiling_probe else None
         outcome.ceilings.append(record(cfg.name, cfg.config(), fields, dev))
-    rows = admission_rows(outcome.ceilings, s, shared_prefix=int(req.shared_prefix or 0))
+    rows = admission_rows(
+        outcome.ceilings,
+        s,
+        agents=req.agents or AGENTS,
+        contexts=req.agent_ctx or AGENT_CTX,
+        shared_prefix=int(req.shared_prefix or 0),
+    )
     if len(s.kv_layouts) > 1:
         console.print(f"admission counts the {s.kv_layouts[0]} ceilings (the first --kv-layout)")
     keys = ("kv_dtype", "sliding_kv", "agents", "agent_ctx", "model", "target", "shared_prefix")

@@ -53,6 +53,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from harness.revalidate.stopping import MAX_ROUNDS, MIN_ROUNDS_TO_STOP
 from harness.revalidate.sweep import SweepOutcome, run_sweep
 from harness.revalidate.visits import CHILD_TARGET, Point, visit_groups
 from harness.run import (
@@ -91,6 +92,7 @@ class Shape:
     visit_reason: str = ""
     budget_s: float | None = None  # rounds after the minimum while another fits (None: exactly `rounds`)
     budget_reason: str = ""
+    budget_per_visit_s: float | None = None  # a selection of fewer visits per round gets this much per visit
 
 
 ACCELERATOR_DEFAULTS = Shape(
@@ -125,9 +127,11 @@ CPU_DEFAULTS = Shape(
     "ratios",
     budget_s=15 * 60.0,
     budget_reason="on a shared CPU a visit's speed wanders ~10% from visit to visit, so each extra round "
-    "narrows every CI; rounds are added while the next one fits in 15 minutes of measuring (--rounds N: "
-    "exactly N; --budget-min M: another budget)",
+    "narrows every CI; rounds are added until the CIs settle, while the next one fits in 15 minutes of "
+    "measuring (--rounds N: exactly N; --budget-min M: another budget; --max-rounds: the cap)",
+    budget_per_visit_s=5 * 60.0,
 )
+SMALL_SELECTION_REASON = "min each for a selection of {n} visit(s) per round, so a single configuration never takes a quarter hour"
 SHARED_VISIT_CAVEAT = (
     "shared-weights visits: on XLA:CPU a copying bf16-KV step ran 1.35× slower in a shared process than in its "
     "own (1,942 vs 1,443 ms, back to back; results/reference/revalidate-cpu-e2b-bf16-visits), while int8-KV "
@@ -164,6 +168,7 @@ class SweepSettings:
     mem_limit_bytes: int | None = None
     visit: str = "separate"  # or "shared-weights": engine-only variants share a process (visit_groups)
     budget_s: float | None = None  # more rounds after `rounds` while the next fits (None: exactly `rounds`)
+    max_rounds: int | None = MAX_ROUNDS  # a budgeted run's round cap (harness/revalidate/stopping.py)
 
     def identity(self) -> dict[str, Any]:
         """The fields that define the measurement (a resumed run must match them)."""
@@ -202,6 +207,7 @@ class RevalidateRequest:
     configs: tuple[str, ...] | None = None
     visit: str | None = None
     budget_s: float | None = None  # 0: none (exactly `rounds`)
+    max_rounds: int | None = None
 
 
 # ------------------------------------------------------------------------------------------ the grid
@@ -315,6 +321,8 @@ def resolve_settings(
         raise RevalidateError(f"--kv-layout takes {', '.join(KV_LAYOUTS)}; got {list(settings.kv_layouts)}")
     if settings.visit not in VISIT_MODES:
         raise RevalidateError(f"--visit takes {', '.join(VISIT_MODES)}; got {settings.visit!r}")
+    if settings.max_rounds is not None and settings.max_rounds < settings.rounds:
+        raise RevalidateError(f"--max-rounds {settings.max_rounds} is below --rounds {settings.rounds}")
     if settings.aa < 0 or not 0 <= settings.floor < 1:
         raise RevalidateError("--aa must be >= 0 and --floor in [0%, 100%)")
     notes = []
@@ -327,7 +335,11 @@ def resolve_settings(
     if visit is None and shape.visit_reason:
         notes.append(f"visits {shape.visit} — {shape.visit_reason}")
     if budget_s is None and rounds is None and shape.budget_s:
-        notes.append(f"rounds: at least {settings.rounds}, more within {shape.budget_s / 60:g} min — {shape.budget_reason}")
+        notes.append(
+            f"rounds: at least {settings.rounds}, more until every comparison settles (a lone configuration: "
+            f"its median within ±2%; from round {MIN_ROUNDS_TO_STOP}), at most {settings.max_rounds}, within {shape.budget_s / 60:g} min — "
+            f"{shape.budget_reason}"
+        )
     if settings.visit == "shared-weights":
         notes.append(SHARED_VISIT_CAVEAT)
     return settings, "\n".join(notes) or None
@@ -361,7 +373,7 @@ def prepare_run(
     from harness.revalidate.rounds import VISITS_FILE
 
     asked = asdict(request)
-    extra_keys = ("timeout_s", "mem_limit_bytes", "cpus", "kv_layouts", "configs")
+    extra_keys = ("timeout_s", "mem_limit_bytes", "cpus", "kv_layouts", "configs", "max_rounds")
     extra = {k: asked[k] for k in extra_keys if asked[k] is not None}
     if resume:
         if out is None:
@@ -423,8 +435,33 @@ def _check_resumed_points(run_dir: Path, points: Sequence[Point]) -> None:
         )
 
 
+def _scaled_budget(
+    settings: SweepSettings,
+    note: str | None,
+    n_visits: int,
+    request: RevalidateRequest,
+    platform: str | None,
+    resume: bool,
+) -> tuple[SweepSettings, str | None]:
+    """The platform's default budget, cut to `budget_per_visit_s` per visit for a small selection
+    (only where neither --rounds nor --budget-min was given, on a fresh run); the note says so."""
+    shape = defaults_for(platform)
+    per_visit = shape.budget_per_visit_s
+    if resume or request.budget_s is not None or request.rounds is not None or not settings.budget_s or not per_visit:
+        return settings, note
+    budget = min(settings.budget_s, per_visit * n_visits)
+    if budget >= settings.budget_s:
+        return settings, note
+    line = f"time budget {budget / 60:g} min instead of {settings.budget_s / 60:g}: {per_visit / 60:g} " + (
+        SMALL_SELECTION_REASON.format(n=n_visits)
+    )
+    return replace(settings, budget_s=budget), "\n".join(x for x in (note, line) if x)
+
+
 def _budget_text(settings: SweepSettings) -> str:
-    return f" (more while another fits in {settings.budget_s / 60:g} min)" if settings.budget_s else ""
+    if not settings.budget_s:
+        return ""
+    return f" (more until settled, at most {settings.max_rounds}, while another fits in {settings.budget_s / 60:g} min)"
 
 
 # -------------------------------------------------------------------------------------- entry point
@@ -463,6 +500,7 @@ def run_revalidate(
     if resume:
         _check_resumed_points(run_dir, points)
     groups = visit_groups(points, settings)
+    settings, note = _scaled_budget(settings, note, len(groups), request, platform, resume)
     if note:
         console.print(f"[yellow]{note}[/yellow]")
     console.print(

@@ -7,7 +7,8 @@ Data flow::
     [Point] + settings ──visit_groups──▶ {label: [Point]} ──plan_visits(rounds)──▶ [Visit]
         run_visits: one child per visit (RunFolder.child) → visits.jsonl, a progress line each
         after each round: write_outcome → measurement, ratio and summary records (results.jsonl,
-        summary.csv); with a time budget, round_visits adds a round while another fits
+        summary.csv); with a time budget, round_visits adds a round until stopping.py says stop
+        (settled, precise, the round cap or the budget; the reason printed and in the summary)
 """
 
 from __future__ import annotations
@@ -54,9 +55,11 @@ def run_sweep(
     visit), log each point's result, and rewrite the run's records after every round; returns the
     final outcome. `settings`: harness/revalidate/main.py's SweepSettings; `target`: the child function.
 
-    Rounds: `settings.rounds`, then, with `settings.budget_s` on a fresh run, one more whenever the
-    rounds so far (timed on `sweep_clock`) leave room for another of their average length. A resumed
-    run finishes the rounds it began and adds none."""
+    Rounds: `settings.rounds`, then, with `settings.budget_s` on a fresh run, one more after each round
+    until harness/revalidate/stopping.py says stop: every comparison settled or the precision target
+    met (from its minimum round on), `settings.max_rounds`, or no room in the budget for another round
+    of the average length so far (timed on `sweep_clock`). The reason is printed and stored as the
+    summary's ``stop_reason``. A resumed run finishes the rounds it began and adds none."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -68,6 +71,7 @@ def run_sweep(
     )
 
     from harness.revalidate.rounds import Visit, pending, plan_visits, read_visits, round_visits, run_visits
+    from harness.revalidate.stopping import StopRule, cap_reason, settled_reason
 
     console = console or Console(stderr=True)
     groups = visit_groups(points, settings)
@@ -76,6 +80,7 @@ def run_sweep(
     logged = read_visits(run.path)
     rounds = max(settings.rounds, max((ln["round"] for ln in logged), default=-1) + 1)
     budget = settings.budget_s if not logged else None
+    rule = StopRule(max_rounds=settings.max_rounds)
     plan = plan_visits(names, rounds, settings.seed)
     todo = pending(plan, logged, members)
     if len(todo) < len(plan):
@@ -103,28 +108,42 @@ def run_sweep(
             progress.advance(task)
 
         started = sweep_clock()
-        done = 0
+        done, stop = 0, None
         while done < rounds:
             for visit in (v for v in todo if v.round == done):
                 progress.update(task, description=f"r{visit.round + 1} {visit.name}")
                 run_visits([visit], run.path, measure, on_visit, members)
             done += 1
-            elapsed = sweep_clock() - started
-            if done == rounds and budget is not None and elapsed * (done + 1) / done <= budget:
-                rounds += 1  # another round of the average length still fits
+            # a round is complete: refresh the records
+            outcome = write_outcome(points, settings, run, rounds=done)
+            if done < rounds:
+                continue
+            if budget is None:
+                stop = f"{done} rounds, as {'the resumed run began' if logged else 'asked'} (no time budget)"
+                break
+            stop = settled_reason(outcome.measurements, outcome.ratios, done, rule) or cap_reason(
+                done, sweep_clock() - started, rule, budget
+            )
+            if stop is None:  # unsettled, and another round of the average length still fits
+                rounds += 1
                 todo.extend(round_visits(names, done, settings.seed))
                 total += sum(len(m) for m in members.values())
                 progress.update(task, total=total)
-            write_outcome(points, settings, run, rounds=done)  # a round is complete: refresh the records
-    return write_outcome(points, settings, run, rounds=rounds)
+    console.print(f"[bold]stopped[/bold]: {stop}")
+    return write_outcome(points, settings, run, rounds=rounds, stop_reason=stop)
 
 
 def write_outcome(
-    points: Sequence[Point], settings: Any, run: RunFolder, *, rounds: int | None = None
+    points: Sequence[Point],
+    settings: Any,
+    run: RunFolder,
+    *,
+    rounds: int | None = None,
+    stop_reason: str | None = None,
 ) -> SweepOutcome:
     """Records from every logged visit of the first `rounds` rounds (default `settings.rounds`):
-    measurements, ratios, the run summary → results.jsonl, summary.csv (atomically rewritten, so a
-    killed sweep keeps the last complete round)."""
+    measurements, ratios, the run summary (with `stop_reason`, why no more rounds were added) →
+    results.jsonl, summary.csv (atomically rewritten, so a killed sweep keeps the last complete round)."""
     from harness.results import rewrite_records, write_summary
     from harness.revalidate.records import measurement_record, summary_record, with_pooled_median_ci
     from harness.revalidate.rounds import group_by_name, read_visits
@@ -145,6 +164,8 @@ def write_outcome(
     with_pooled_median_ci(meas, noise)
     ratios = ratio_records(meas, run_id=run_id, base_env=base_env, floor=settings.floor, seed=settings.seed)
     summary = summary_record(meas, ratios, settings, run_id=run_id, base_env=base_env, noise=noise)
+    if stop_reason is not None:
+        summary["stop_reason"] = stop_reason
     outcome = SweepOutcome(run_dir=run.path, measurements=meas, ratios=ratios, summary=summary)
     rewrite_records(run.path, outcome.records)
     write_summary(run.path, outcome.records)

@@ -100,3 +100,15 @@ def test_a_timed_out_step_takes_its_own_session_children_with_it():
     _kill_tree(step.pid)
     step.wait(timeout=30)
     assert not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids)
+
+
+def test_the_check_writes_under_results_not_into_the_references(tmp_path: Path, monkeypatch):
+    from g4bench.commands.device_check import check_folder
+
+    monkeypatch.chdir(tmp_path)
+    made = check_folder(None, dry_run=True)
+    assert made.parent == Path("results") and made.name.endswith("device-check-dry") and made.is_dir()
+    assert check_folder(None, dry_run=False).name.endswith("device-check")
+    assert check_folder(Path("results/reference/h100"), dry_run=False) == Path("results/reference/h100")
+    with pytest.raises(ValueError, match="outside results/reference"):
+        check_folder(Path("results/reference/h100"), dry_run=True)

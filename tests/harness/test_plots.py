@@ -114,3 +114,31 @@ def test_unknown_kind_is_reported_and_registry_dispatches(tmp_path, monkeypatch)
         return [out_dir / "x.png"]
 
     assert plot_run(run) == [run / "plots" / "x.png"] and seen == ["agents-4"]
+
+
+def test_revalidate_figure_says_rounds_done_and_its_panel_titles_do_not_overlap():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from harness.plots import _ratio_panel, _step_panel, rounds_done
+
+    meas = [
+        {"name": f"c{i}", "rounds": 7, "config": {"donate": bool(i % 2), "rounds": 3}, "step_ms_median": 10.0 + i,
+         "step_ms_q1": 9.0 + i, "step_ms_q3": 11.0 + i, "step_ms_min": 8.0 + i, "step_ms_max": 12.0 + i,
+         "step_rel_iqr_pct": 5.0}
+        for i in range(2)
+    ]  # fmt: skip
+    assert rounds_done(meas, meas[0]["config"]) == 7  # not the configured minimum of 3
+    ratios = [{"name": "donation/x", "ratio": 1.1, "ci95_lo": 1.05, "ci95_hi": 1.15, "floor_pct": 2.0,
+               "verdict": "faster"}]  # fmt: skip
+    fig, axes = plt.subplots(1, 2, figsize=(16, 4.0), squeeze=False)
+    _step_panel(axes[0][0], meas)
+    _ratio_panel(axes[0][1], ratios)
+    fig.tight_layout()
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    left, right = (ax.title.get_window_extent(renderer) for ax in axes[0])
+    assert left.x1 < right.x0, "the two panel titles overlap"
+    plt.close(fig)

@@ -152,7 +152,7 @@ def test_cpu_defaults_are_printed_with_reason():
         CPU_DEFAULTS.warmup,
     )
     assert "15 minutes" in note and "rounds 3" in note
-    assert settings.budget_s == CPU_DEFAULTS.budget_s == 900 and "at least 3, more within 15 min" in note
+    assert settings.budget_s == CPU_DEFAULTS.budget_s == 900 and "at least 3, more until every comparison settles" in note and "within 15 min" in note
     assert settings.layers == "f32" and "do not fuse" in note
     assert settings.visit == "separate" and "1.35×" in note  # sharing a process biases copying steps
     shared, note = resolve_settings(
@@ -331,7 +331,7 @@ def test_rounds_are_added_while_another_fits_in_the_budget(fake_env, monkeypatch
     assert all(r["rounds"] == 2 for r in records if r["kind"] == "revalidate")
     assert sorted({ln["round"] for ln in map(json.loads, (out / "visits.jsonl").read_text().splitlines())}) == [0, 1]
     text = " ".join(res.output.split())
-    assert "r2/2+" in text and "more while another fits in 4 min" in text
+    assert "r2/2+" in text and "while another fits in 4 min" in text and "stopped: time budget" in text
     (fake_env / "ran.txt").unlink()
     monkeypatch.setattr(harness.revalidate.sweep, "sweep_clock", RoundClock())
     assert invoke("--out", out, "--resume").exit_code == 0
@@ -528,3 +528,32 @@ def test_real_engine_child_on_tiny_model(tmp_path, monkeypatch):
         assert r["visit_size"] == 2
     kv = [r["kv_bytes"] for r in res["results"].values()]
     assert kv[0] != kv[1]  # two caches (bf16 and int8), one set of weights
+
+
+@pytest.mark.slow
+def test_a_budgeted_run_stops_once_every_comparison_is_settled(fake_env, monkeypatch):
+    """Donation halves the fake step (24 → 12 ms): decided at any round, so a run with a 100-minute
+    budget stops at the rule's minimum round (6), says why, and stores the reason in its summary."""
+    import harness.revalidate.sweep
+
+    monkeypatch.setattr(harness.revalidate.sweep, "sweep_clock", RoundClock())
+    out = fake_env / "run"
+    args = ["--config", "ple-bf16/kv-bf16/*", "--samples", 3, "--warmup", 0, "--batch", 2, "--ctx", 64]
+    res = invoke(*args, "--rounds", 1, "--budget-min", 100, "--out", out)
+    assert res.exit_code == 0, res.output
+    (summary,) = [r for r in read_records(out) if r["kind"] == "summary"]
+    assert summary["rounds_done"] == 6
+    assert summary["stop_reason"].startswith("every comparison settled after 6 rounds: 1 of 1 decided")
+    assert "stopped: every comparison settled after 6 rounds" in " ".join(res.output.split())
+
+
+def test_a_single_configuration_gets_a_smaller_default_budget():
+    from harness.revalidate.main import RevalidateRequest, _scaled_budget
+
+    settings, note = resolve_settings("cpu", model="tiny-a", batches=None, ctxs=None, rounds=None, samples=None,
+                                      warmup=None)  # fmt: skip
+    one, one_note = _scaled_budget(settings, note, 1, RevalidateRequest(), "cpu", resume=False)
+    assert one.budget_s == 300.0 and "time budget 5 min instead of 15" in (one_note or "")
+    assert _scaled_budget(settings, note, 12, RevalidateRequest(), "cpu", resume=False)[0].budget_s == 900.0
+    asked = RevalidateRequest(budget_s=900.0)  # --budget-min given: kept as asked
+    assert _scaled_budget(settings, note, 1, asked, "cpu", resume=False)[0].budget_s == 900.0
