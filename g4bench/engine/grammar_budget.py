@@ -38,7 +38,7 @@ import numpy as np
 
 from g4bench.engine.grammar import GrammarError, GrammarMatcher, GrammarVocab, bitmask_words
 
-CLOSE_ORDER = b'}]"0:,tfn{[<'  # tried first at every position of the closing walk
+CLOSE_ORDER = b'"}]0:,tfn{[<'  # tried first at every position of the closing walk
 PUNCT = frozenset(b'{}[]":,\\')
 MAX_PLAN = 4096  # a closing longer than this is a grammar bug, not a budget question
 MANTISSA_DIGITS, EXPONENT_DIGITS = 17, 2  # float64 round-trips 17 digits; |exponent| <= 99
@@ -53,6 +53,7 @@ class VocabTables:
     punct_per_token: int  # the most JSON punctuation bytes in one token
     no_digit: np.ndarray  # int32[W]: ids whose text has no digit
     no_dot: np.ndarray  # int32[W]: ids whose text has no '.', 'e' or 'E'
+    order: np.ndarray  # int64[K]: the ids the closing walk tries, closing-first (CLOSE_ORDER)
 
     @staticmethod
     def build(vocab: GrammarVocab) -> VocabTables:
@@ -68,7 +69,9 @@ class VocabTables:
                 digit[i] = any(48 <= b <= 57 for b in text)
                 dot[i] = any(b in b".eE" for b in text)
                 punct = max(punct, sum(b in PUNCT for b in text))
-        return VocabTables(byte_ids, punct, _pack(~digit, n), _pack(~dot, n))
+        order = [byte_ids[b] for b in CLOSE_ORDER if b in byte_ids] + list(vocab.marker_ids.values())
+        order += [i for b, i in sorted(byte_ids.items()) if b not in CLOSE_ORDER]
+        return VocabTables(byte_ids, punct, _pack(~digit, n), _pack(~dot, n), np.array(order, np.int64))
 
 
 def _pack(allowed: np.ndarray, n: int) -> np.ndarray:
@@ -121,19 +124,19 @@ class NumberLexer:
 
 def closing_plan(matcher: GrammarMatcher, tables: VocabTables) -> list[int]:
     """The single-byte ids of a shortest-first completion from the matcher's state ([] when the
-    output is already complete). Raises GrammarError if none is found within MAX_PLAN bytes."""
+    output is already complete). Raises GrammarError if none is found within MAX_PLAN bytes.
+    Per position: one mask of a copy of the matcher, the first allowed id in `tables.order`."""
     m = matcher._m.deep_copy()
-    order = [tables.byte_ids[b] for b in CLOSE_ORDER if b in tables.byte_ids]
-    order += list(matcher.vocab.marker_ids.values())
-    order += [i for b, i in sorted(tables.byte_ids.items()) if b not in CLOSE_ORDER]
     plan: list[int] = []
     while not m.is_accepting():
-        for token in order:
-            if m.try_consume_tokens([token]) == 1:
-                plan.append(token)
-                break
-        else:
+        bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), np.uint8), bitorder="little")
+        allowed = tables.order[bits[tables.order] == 1]
+        if not len(allowed):
             raise GrammarError("the grammar has no completion from here (no single-byte continuation)")
+        token = int(allowed[0])
+        if not m.consume_token(token):
+            raise GrammarError(f"the grammar refused its own allowed id {token}: {m.get_error()}")
+        plan.append(token)
         if len(plan) > MAX_PLAN:
             raise GrammarError(f"the shortest completion is longer than {MAX_PLAN} tokens")
     return plan
@@ -212,7 +215,8 @@ class BudgetedMatcher:
         self.forced = False  # closing mode was entered: the reply is closed by the plan
         self.plans = 0  # closing walks computed (diagnostics)
         self._lexer = NumberLexer()
-        self._plan: list[int] = []
+        self._plan: list[int] = []  # the greedy completion from the current state, when fresh
+        self._plan_fresh = False
         self.min_tokens = min_tokens(matcher, tables)
         self._upper = self.min_tokens  # an upper bound on the closing cost now
         if self.min_tokens > budget:
@@ -224,11 +228,12 @@ class BudgetedMatcher:
     def fill_bitmask(self, out: np.ndarray) -> None:
         left = self.budget - self.used
         if not self.forced and left <= self._upper + 2 * self.growth:
-            plan = closing_plan(self.inner, self.tables)
-            self.plans += 1
+            plan = self._plan if self._plan_fresh else closing_plan(self.inner, self.tables)
+            self.plans += not self._plan_fresh
+            self._plan, self._plan_fresh = plan, True
             self._upper = len(plan)
             if left <= len(plan) + self.growth:
-                self.forced, self._plan = True, plan
+                self.forced = True
         if self.forced:
             out.fill(0)
             ids = self._plan[:1] or sorted(self.vocab.tokenizer.eos_tokens)
@@ -243,10 +248,12 @@ class BudgetedMatcher:
         self.used += 1
         self._upper += self.growth
         self._lexer.feed(self.vocab.token_bytes[token] if 0 <= token < len(self.vocab.token_bytes) else b"")
-        if self.forced and self._plan:
-            if token != self._plan[0]:
+        if self._plan_fresh:
+            # the greedy walk is deterministic: from the next state it continues with plan[1:]
+            follows = bool(self._plan) and token == self._plan[0]
+            if self.forced and not follows and self._plan:
                 raise RuntimeError(f"closing mode sampled {token}, not the planned {self._plan[0]}")
-            self._plan.pop(0)
+            self._plan, self._plan_fresh = self._plan[1:], follows
 
     def is_done(self) -> bool:
         return self.inner.is_done()

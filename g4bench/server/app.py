@@ -290,6 +290,14 @@ class _Request:
             return self._error(("abort", 503, ENGINE_FAILED, "engine_failed"))
         return APIError(500, "generation failed (internal error, logged on the server)", "server_error")
 
+    def _reason(self, result: RequestResult) -> str:
+        """The reply's finish_reason: "length" when the grammar's budget forced the close (the
+        output is complete and valid, but shorter than the model would have written), else the
+        engine's reason ("tool_calls" for a chat reply that carried calls)."""
+        if self.prep.budget is not None and self.prep.budget.forced:
+            return "length"
+        return self.agent.finish_reason(result.finish_reason) if self.agent is not None else result.finish_reason
+
     @staticmethod
     def _failed(event: tuple) -> bool:
         return event[0] == "abort" or (
@@ -334,11 +342,12 @@ class _Request:
             status = result.finish_reason
             if self.agent is None:
                 lp = None if self.top is None else completion_logprobs(rows, self.piece, self.top)
-                return JSONResponse(self.reply.whole("".join(text) + tail, result, logprobs=lp))
+                reply = self.reply.whole("".join(text) + tail, result, logprobs=lp, finish_reason=self._reason(result))
+                return JSONResponse(reply)
             updates += self.agent.tail(tail) + self.agent.finish()
             whole = self.reply.whole(
                 "", result, parsed=self.agent.result(), logprobs=self.agent.logprobs_all(updates),
-                finish_reason=self.agent.finish_reason(result.finish_reason),
+                finish_reason=self._reason(result),
             )  # fmt: skip
             return JSONResponse(whole)
         finally:
@@ -385,12 +394,12 @@ class _Request:
                 return
             _, result, tail = event
             status = result.finish_reason
-            reason = result.finish_reason
+            reason = self._reason(result)
             if self.agent is not None:
                 updates = self.agent.tail(tail) + self.agent.finish()
                 if updates or first:
                     yield from_chunks(reply.updates(updates, first, [] if with_ids else None))
-                reason = self.agent.finish_reason(result.finish_reason)
+                reason = self._reason(result)
             elif first or tail or rows:
                 lp = None
                 if self.top is not None:

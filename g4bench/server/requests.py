@@ -36,6 +36,7 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect, Request
 
 from g4bench.engine.grammar import GrammarError, compile_grammar
+from g4bench.engine.grammar_budget import BudgetedMatcher, budgeted, request_growth
 from g4bench.engine.sampling import SamplingParams
 from g4bench.engine.scheduler import GenerationParams
 from g4bench.engine.thinking import ThinkingCap
@@ -87,6 +88,7 @@ class Prepared:
     params: GenerationParams
     stops: list[str]
     uses_tools: bool = False  # tools declared or tool messages sent: detokenize with markers kept
+    budget: BudgetedMatcher | None = None  # the grammar's budget keeper: `.forced` -> finish "length"
 
 
 class Preparer:
@@ -151,8 +153,10 @@ class Preparer:
             ids = cast(list[int], body.prompt)
             prompt = self.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(ids)
             stops = body.stop or []
-        params = self.params(param, body, prompt)
-        return Prepared(body, prompt, self._agent(body, params, uses_tools), stops, uses_tools)
+        params = self._agent(body, self.params(param, body, prompt), uses_tools)
+        constraint = params.constraint
+        keeper = constraint if isinstance(constraint, BudgetedMatcher) else getattr(constraint, "then", None)
+        return Prepared(body, prompt, params, stops, uses_tools, keeper if isinstance(keeper, BudgetedMatcher) else None)
 
     def _agent(self, body: p.SamplingFields, params: GenerationParams, uses_tools: bool) -> GenerationParams:
         """The grammar matcher and logprob count the request asks for, added to its parameters.
@@ -180,6 +184,8 @@ class Preparer:
                 constraint = None if grammar is None else vocab.matcher(grammar)
             except (GrammarError, AgentVocabError) as exc:
                 raise APIError(400, str(exc), param=param) from exc
+            if constraint is not None:
+                constraint = self._budgeted(constraint, request, params.max_tokens, body)
             if constraint is not None and (params.ignore_eos or params.min_tokens):
                 # the grammar ends the reply with EOS; banning or ignoring it has no valid continuation
                 raise APIError(400, f"{param} cannot be combined with ignore_eos or min_tokens", param=param)
@@ -193,6 +199,18 @@ class Preparer:
                 raise APIError(400, str(exc), param="thinking_budget") from exc
             return replace(params, constraint=ThinkingCap(vocab, budget, then=constraint), logprobs=k)
         return replace(params, constraint=constraint, logprobs=k)
+
+    @staticmethod
+    def _budgeted(constraint, request: dict, max_tokens: int, body: p.SamplingFields) -> BudgetedMatcher:
+        """The matcher bounded to the tokens the reply may write (400 naming max_tokens when even the
+        shortest valid output does not fit). A thinking budget's tokens come out of max_tokens first
+        (the cap closes the channel after `thinking_budget` tokens and its two markers)."""
+        thinking = body.thinking_budget if isinstance(body, p.ChatCompletionRequest) else None
+        budget = max_tokens - (thinking + 2 if thinking is not None else 0)
+        try:
+            return budgeted(constraint, budget, request_growth(request.get("response_format"), request.get("tools"), request.get("tool_choice")))
+        except GrammarError as exc:
+            raise APIError(400, str(exc), param="max_tokens") from exc
 
     def _check_size(self, data: dict, param: str) -> None:
         """Reject prompts that cannot fit before any tokenizing (cheap: lengths only)."""
