@@ -45,7 +45,7 @@ from g4bench.server.errors import APIError, install_error_handlers
 from g4bench.server.metrics import ServerMetrics
 from g4bench.server.replies import Reply, from_chunks
 from g4bench.server.requests import Prepared, Preparer, read_body
-from g4bench.server.security import ApiKeyAuth, HostAllowList
+from g4bench.server.security import ApiKeyAuth, HostAllowList, JsonOnly
 from g4bench.server.settings import ServerSettings
 from g4bench.server.streaming import AsyncSink, TextAssembler
 from g4bench.server.tokenizer import PieceDecoder, Tokenizer
@@ -78,8 +78,16 @@ def create_app(
 
     app = FastAPI(title="g4bench", lifespan=lifespan)
     app.state.scheduler, app.state.metrics, app.state.service = scheduler, service.metrics, service
+    app.add_middleware(JsonOnly)  # innermost: after the Host and key checks
     if settings.api_key:
         app.add_middleware(ApiKeyAuth, api_key=settings.api_key, protect_docs=settings.protect_docs)
+    if settings.cors_origins is not None:  # outside the key check: preflights carry no key
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(
+            CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type"],
+        )  # fmt: skip
     if settings.allowed_hosts is not None:
         app.add_middleware(HostAllowList, allowed=settings.allowed_hosts)  # outermost: checked first
     install_error_handlers(app)
