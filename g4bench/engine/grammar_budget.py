@@ -13,7 +13,7 @@ Data flow per step, inside `fill_bitmask` (the mask pipeline's worker thread):
             row = {plan[0]}                        when the output is already complete)
 
 `closing_plan` walks a copy of the matcher: at each position it tries bytes in a closing-first
-order (``}`` ``]`` ``"`` ``0`` ``:`` ``,`` ``t`` ...; the grammar refuses any byte with no valid
+order (``"`` ``}`` ``]`` ``,`` ``:`` ``0`` ``t`` ...; the grammar refuses any byte with no valid
 completion, so the walk never dead-ends) until the grammar accepts. Its length is the closing cost
 in tokens of this vocabulary (one single-byte token per byte; the model's own tokens can only be
 as many or fewer). `growth` bounds how much one sampled token can raise that cost: the longest
@@ -38,7 +38,7 @@ import numpy as np
 
 from g4bench.engine.grammar import GrammarError, GrammarMatcher, GrammarVocab, bitmask_words
 
-CLOSE_ORDER = b'"}]0:,tfn{[<'  # tried first at every position of the closing walk
+CLOSE_ORDER = b'"}],:0tfn{[<'  # tried first at every position of the closing walk
 PUNCT = frozenset(b'{}[]":,\\')
 MAX_PLAN = 4096  # a closing longer than this is a grammar bug, not a budget question
 MANTISSA_DIGITS, EXPONENT_DIGITS = 17, 2  # float64 round-trips 17 digits; |exponent| <= 99
