@@ -19,8 +19,10 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -61,20 +63,21 @@ MAX_TOKENS = (200, 80, 40)
 
 
 def start_serve(model: str = "small") -> tuple[subprocess.Popen, str]:
+    """`g4bench serve` in its own process, its log in a temporary file (a pipe nobody drains would
+    block it); returns once it has printed `ready`."""
     cmd = [sys.executable, "-m", "g4bench.cli", "serve", "--model", model, "--port", "0", "--max-slots", "8",
            "--max-len", "512", "--queue-timeout", "1800"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
-    assert proc.stderr is not None
-    end, url = time.monotonic() + 1800, None
-    for line in proc.stderr:
-        m = re.search(r"on (http://[\d.]+:\d+)/v1", line)
-        url = m.group(1) if m else url
-        if "ready" in line and url:
-            return proc, url
-        if "failed" in line or time.monotonic() > end:
-            break
+    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log, text=True, env={**os.environ, "COLUMNS": "200"})
+    end = time.monotonic() + 1800
+    while time.monotonic() < end and proc.poll() is None:
+        text = Path(log.name).read_text()
+        m = re.search(r"on (http://[\d.]+:\d+)/v1", text)
+        if m and "ready" in text:
+            return proc, m.group(1)
+        time.sleep(0.5)
     proc.kill()
-    raise RuntimeError("serve --model small did not become ready")
+    raise RuntimeError(f"serve --model {model} did not become ready: {Path(log.name).read_text()[-2000:]}")
 
 
 def one(client, kind: str, i: int, seed: int, max_tokens: int) -> str:
