@@ -198,7 +198,10 @@ def _min_len_of(kind: str | None, schema: dict) -> int:
     if kind == "string":
         return 2 + 4 * int(schema.get("minLength") or 0)  # 4: a \uXXXX-free UTF-8 character at most
     if kind in ("number", "integer"):
-        bounds = [schema.get(k) for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")]
+        bounds = [
+            schema.get(k)
+            for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+        ]
         return 2 + max([len(repr(b)) for b in bounds if isinstance(b, int | float)] + [1])
     if kind in ("boolean", "null"):
         return 5

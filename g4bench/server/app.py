@@ -304,7 +304,9 @@ class _Request:
         engine's reason ("tool_calls" for a chat reply that carried calls)."""
         if self.prep.budget is not None and self.prep.budget.forced:
             return "length"
-        return self.agent.finish_reason(result.finish_reason) if self.agent is not None else result.finish_reason
+        return (
+            self.agent.finish_reason(result.finish_reason) if self.agent is not None else result.finish_reason
+        )
 
     @staticmethod
     def _failed(event: tuple) -> bool:
@@ -350,7 +352,9 @@ class _Request:
             status = result.finish_reason
             if self.agent is None:
                 lp = None if self.top is None else completion_logprobs(rows, self.piece, self.top)
-                reply = self.reply.whole("".join(text) + tail, result, logprobs=lp, finish_reason=self._reason(result))
+                reply = self.reply.whole(
+                    "".join(text) + tail, result, logprobs=lp, finish_reason=self._reason(result)
+                )
                 return JSONResponse(reply)
             updates += self.agent.tail(tail) + self.agent.finish()
             whole = self.reply.whole(
@@ -368,7 +372,9 @@ class _Request:
         if self.agent is not None:
             row = rows.pop() if rows else None
             updates = self.agent.push_text(delta, row)
-            return from_chunks(reply.updates(updates, first, ids)) if updates or first or ids is not None else ""
+            return (
+                from_chunks(reply.updates(updates, first, ids)) if updates or first or ids is not None else ""
+            )
         if not (first or delta or ids is not None):
             return ""  # held text: its logprob rows wait for the chunk that carries it
         lp = None

@@ -35,7 +35,7 @@ from typing import Any, cast
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect, Request
 
-from g4bench.engine.grammar import GrammarError, compile_grammar
+from g4bench.engine.grammar import GrammarError, GrammarMatcher, TokenConstraint, compile_grammar
 from g4bench.engine.grammar_budget import BudgetedMatcher, budgeted, request_growth
 from g4bench.engine.sampling import SamplingParams
 from g4bench.engine.scheduler import GenerationParams
@@ -156,7 +156,9 @@ class Preparer:
         params = self._agent(body, self.params(param, body, prompt), uses_tools)
         constraint = params.constraint
         keeper = constraint if isinstance(constraint, BudgetedMatcher) else getattr(constraint, "then", None)
-        return Prepared(body, prompt, params, stops, uses_tools, keeper if isinstance(keeper, BudgetedMatcher) else None)
+        return Prepared(
+            body, prompt, params, stops, uses_tools, keeper if isinstance(keeper, BudgetedMatcher) else None
+        )
 
     def _agent(self, body: p.SamplingFields, params: GenerationParams, uses_tools: bool) -> GenerationParams:
         """The grammar matcher and logprob count the request asks for, added to its parameters.
@@ -169,26 +171,32 @@ class Preparer:
             assert isinstance(body, p.CompletionRequest)
             k = body.logprobs
             fmt = body.response_format
-            request = {"response_format": None if fmt is None else fmt.model_dump(by_alias=True, exclude_none=True)}
+            request = {
+                "response_format": None if fmt is None else fmt.model_dump(by_alias=True, exclude_none=True)
+            }
         if (uses_tools or k is not None) and not self.vocab.synthetic:
             try:
                 self.vocab.grammar()
             except AgentVocabError as exc:
                 raise APIError(400, str(exc), param="tools" if uses_tools else "logprobs") from exc
-        constraint = None
+        constraint: TokenConstraint | None = None
         if request.get("response_format") or request.get("tool_choice") not in (None, "auto", "none"):
-            param = "tool_choice" if request.get("tool_choice") not in (None, "auto", "none") else "response_format"
+            param = (
+                "tool_choice"
+                if request.get("tool_choice") not in (None, "auto", "none")
+                else "response_format"
+            )
             try:
                 vocab = self.vocab.grammar()
                 grammar = compile_grammar(**request, vocab=vocab)
-                constraint = None if grammar is None else vocab.matcher(grammar)
+                matcher = None if grammar is None else vocab.matcher(grammar)
             except (GrammarError, AgentVocabError) as exc:
                 raise APIError(400, str(exc), param=param) from exc
-            if constraint is not None:
-                constraint = self._budgeted(constraint, request, params.max_tokens, body)
-            if constraint is not None and (params.ignore_eos or params.min_tokens):
+            if matcher is not None and (params.ignore_eos or params.min_tokens):
                 # the grammar ends the reply with EOS; banning or ignoring it has no valid continuation
                 raise APIError(400, f"{param} cannot be combined with ignore_eos or min_tokens", param=param)
+            if matcher is not None:
+                constraint = self._budgeted(matcher, request, params.max_tokens, body)
         budget = body.thinking_budget if isinstance(body, p.ChatCompletionRequest) else None
         if budget is not None:
             # the cap watches for a channel the model opens and closes it past the budget; a grammar,
@@ -201,14 +209,22 @@ class Preparer:
         return replace(params, constraint=constraint, logprobs=k)
 
     @staticmethod
-    def _budgeted(constraint, request: dict, max_tokens: int, body: p.SamplingFields) -> BudgetedMatcher:
+    def _budgeted(
+        constraint: GrammarMatcher, request: dict, max_tokens: int, body: p.SamplingFields
+    ) -> BudgetedMatcher:
         """The matcher bounded to the tokens the reply may write (400 naming max_tokens when even the
         shortest valid output does not fit). A thinking budget's tokens come out of max_tokens first
         (the cap closes the channel after `thinking_budget` tokens and its two markers)."""
         thinking = body.thinking_budget if isinstance(body, p.ChatCompletionRequest) else None
         budget = max_tokens - (thinking + 2 if thinking is not None else 0)
         try:
-            return budgeted(constraint, budget, request_growth(request.get("response_format"), request.get("tools"), request.get("tool_choice")))
+            return budgeted(
+                constraint,
+                budget,
+                request_growth(
+                    request.get("response_format"), request.get("tools"), request.get("tool_choice")
+                ),
+            )
         except GrammarError as exc:
             raise APIError(400, str(exc), param="max_tokens") from exc
 

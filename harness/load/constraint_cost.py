@@ -90,7 +90,10 @@ def run_constraint_cost(s: CostSettings, log: Callable[[str], None] = lambda m: 
     V = engine.cfg.vocab_size
     tok = SyntheticTokenizer(V)
     vocab = piece_vocab([tok.piece(i).encode() for i in range(V)], EOS_ID, BOS_ID, [PAD_ID, EOS_ID, BOS_ID])
-    fmt = {"type": "json_schema", "json_schema": {"schema": CLOSING_SCHEMA if s.budget else LONG_SCHEMA, "strict": True}}
+    fmt = {
+        "type": "json_schema",
+        "json_schema": {"schema": CLOSING_SCHEMA if s.budget else LONG_SCHEMA, "strict": True},
+    }
     grammar = compile_grammar(fmt)
     assert grammar is not None
     growth = request_growth(fmt, None, None)
@@ -110,7 +113,10 @@ def run_constraint_cost(s: CostSettings, log: Callable[[str], None] = lambda m: 
         masks = sched.agent.masks
         fill0, wait0, fills0 = (masks.fill_s, masks.wait_s, masks.fills) if masks else (0.0, 0.0, 0)
         for i in range(conc):
-            prompt = tok.encode("".join(random.Random(1000 * round_ + i).choice(letters) for _ in range(s.prompt_len)), add_bos=True)
+            prompt = tok.encode(
+                "".join(random.Random(1000 * round_ + i).choice(letters) for _ in range(s.prompt_len)),
+                add_bos=True,
+            )
             sampling = SamplingParams(temperature=1.0, seed=1000 * round_ + i)
             params = (GenerationParams(s.max_tokens, sampling, constraint=constraint()) if constrained
                       else GenerationParams(s.max_tokens, sampling, ignore_eos=True))  # fmt: skip
@@ -129,7 +135,12 @@ def run_constraint_cost(s: CostSettings, log: Callable[[str], None] = lambda m: 
         masks = sched.agent.masks
         if masks is None:
             return [_tpot_ms(r) for r in results if r], 0.0, 0.0, 0
-        return ([_tpot_ms(r) for r in results if r], masks.fill_s - fill0, masks.wait_s - wait0, masks.fills - fills0)
+        return (
+            [_tpot_ms(r) for r in results if r],
+            masks.fill_s - fill0,
+            masks.wait_s - wait0,
+            masks.fills - fills0,
+        )
 
     out: dict = {"settings": asdict(s), "levels": []}
     try:

@@ -12,7 +12,14 @@ import jsonschema
 import numpy as np
 import pytest
 
-from g4bench.engine.grammar import BYTE_EOS, GrammarError, bitmask_words, byte_vocab, compile_grammar, unpack_bitmask
+from g4bench.engine.grammar import (
+    BYTE_EOS,
+    GrammarError,
+    bitmask_words,
+    byte_vocab,
+    compile_grammar,
+    unpack_bitmask,
+)
 from g4bench.engine.grammar_budget import (
     INT_DIGITS,
     MANTISSA_DIGITS,

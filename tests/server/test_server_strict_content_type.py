@@ -45,7 +45,9 @@ def test_non_json_bodies_get_415_naming_the_header(client, endpoint, what, kwarg
     assert client.sched.num_active == 0 and client.sched.num_waiting == 0 and not client.engine.calls
 
 
-@pytest.mark.parametrize("ctype", ["application/json", "application/json; charset=utf-8", "Application/JSON;charset=\"UTF-8\""])
+@pytest.mark.parametrize(
+    "ctype", ["application/json", "application/json; charset=utf-8", 'Application/JSON;charset="UTF-8"']
+)
 def test_json_bodies_are_served(client, ctype):
     r = client.post("/v1/completions", content=RAW, headers={"content-type": ctype})
     assert r.status_code == 200, r.text
@@ -77,7 +79,11 @@ def test_cors_opens_only_for_configured_origins(fake_app):
         assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "https://app.example"
         bad = c.options("/v1/completions", headers={"origin": "https://evil.example", **pre})
         assert bad.headers.get("access-control-allow-origin") != "https://evil.example"
-        r = c.post("/v1/completions", content=RAW, headers={"origin": "https://app.example", "content-type": "text/plain"})
+        r = c.post(
+            "/v1/completions",
+            content=RAW,
+            headers={"origin": "https://app.example", "content-type": "text/plain"},
+        )
         assert r.status_code == 415  # CORS configured or not, the body must be JSON
 
 

@@ -17,7 +17,15 @@ from harness.load.constraint_cost import CostSettings, run_constraint_cost  # no
 def test_constraint_cost_record_on_tiny(budget):
     # the keeper's schema needs ~55 tokens before it can close: 64 tokens (slow on a shared CPU)
     tokens = 64 if budget else 8
-    s = CostSettings(model="tiny-a", concurrencies=(1, 2), rounds=2, max_tokens=tokens, prompt_len=16, max_len=128, budget=budget)
+    s = CostSettings(
+        model="tiny-a",
+        concurrencies=(1, 2),
+        rounds=2,
+        max_tokens=tokens,
+        prompt_len=16,
+        max_len=128,
+        budget=budget,
+    )
     rec = run_constraint_cost(s)
     assert [lv["concurrency"] for lv in rec["levels"]] == [1, 2]
     for lv in rec["levels"]:
