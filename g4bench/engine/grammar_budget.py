@@ -149,14 +149,15 @@ def min_tokens(matcher: GrammarMatcher, tables: VocabTables) -> int:
 
 def schema_growth(schema: object, depth: int = 0) -> int:
     """An upper bound, in bytes, on how much one byte of output can raise the closing cost inside
-    `schema`: the longest shortest-instance of any sub-schema plus its longest key and separators.
-    Schemas it cannot bound ($ref, patterns) count as 64 bytes."""
+    `schema`: entering a sub-schema (a key chosen, a value or an item begun) adds at most its
+    longest shortest-instance plus the longest key and separators. The schema itself is not
+    counted: its own shortest instance is already the cost from the start. Schemas it cannot
+    bound ($ref, patterns) count as 64 bytes."""
     if not isinstance(schema, dict) or depth > 32:
         return 64
-    subs = _subschemas(schema)
     keys = [len(json.dumps(k)) for k in (schema.get("properties") or {})]
-    here = _min_len(schema) + max(keys, default=0) + 4
-    return max([here, *(schema_growth(s, depth + 1) for s in subs)])
+    here = max(keys, default=0) + 4
+    return max([here, *(max(_min_len(s) + here, schema_growth(s, depth + 1)) for s in _subschemas(schema))])
 
 
 def _subschemas(schema: dict) -> list:

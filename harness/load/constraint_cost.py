@@ -5,10 +5,13 @@ scheduler. For each concurrency c and each round, the two variants run in a fres
 
     free   c requests, sampled at temperature 1, `ignore_eos`, exactly `max_tokens` tokens each;
     json   the same prompts and seeds under a JSON-Schema grammar with the server's budget keeper
-           (`grammar_budget.budgeted`, budget `max_tokens`). `CLOSING_SCHEMA` needs one row of
-           ~55 tokens before it can close, so with `max_tokens` 64 every step runs the keeper's
-           closing walk (its most expensive regime) and the reply is closed by force at the
-           budget: each request runs at least `max_tokens` - 8 tokens and must parse.
+           (`grammar_budget.budgeted`, budget `max_tokens`). `CLOSING_SCHEMA` (rows of small
+           objects, at least one) closes in ~30 tokens and one token can raise that by ~40, so
+           with `max_tokens` 64 the keeper samples freely at first, runs its closing walk every
+           step after the first few, and forces the close over the last ~40: each request runs
+           at least `max_tokens` - 8 tokens and must parse. (A schema whose shortest output
+           plus growth exceeds the budget is closed by force from the first token: the cheap,
+           degenerate case.)
            With `budget=False`, the older measurement: `LONG_SCHEMA` (more items than `max_tokens`
            can hold, cut at the limit) and the bare grammar mask.
 
@@ -46,8 +49,9 @@ ROW = {"type": "object", "properties": {
     "required": ["id", "name", "kind", "ok"], "additionalProperties": False}  # fmt: skip
 LONG_SCHEMA = {"type": "object", "properties": {"rows": {"type": "array", "items": ROW, "minItems": 64}},
                "required": ["rows"], "additionalProperties": False}  # fmt: skip
-CLOSING_SCHEMA = {"type": "object", "properties": {"rows": {"type": "array", "items": ROW, "minItems": 1}},
-                  "required": ["rows"], "additionalProperties": False}  # fmt: skip
+CLOSING_SCHEMA = {"type": "object", "properties": {"rows": {"type": "array", "minItems": 1, "items": {
+    "type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 9999}, "ok": {"type": "boolean"}},
+    "required": ["id", "ok"], "additionalProperties": False}}}, "required": ["rows"], "additionalProperties": False}  # fmt: skip
 FORCED_SLACK = 8  # a forced close may end this many tokens before max_tokens (then EOS)
 
 

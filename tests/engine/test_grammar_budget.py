@@ -111,12 +111,12 @@ def test_bounded_schemas_close_too(budget):
 
 
 def test_forced_close_is_recorded_and_the_plan_is_what_gets_written():
-    m = schema_matcher(FREE[2], 40)
+    m = schema_matcher(FREE[2], 24)
     for b in b'{"xs":[1,2,3':
         m.advance(b + 3)
     assert not m.forced
-    text = b'{"xs":[1,2,3' + walk(m, 40 - 12, np.random.default_rng(0), DIGITY)
-    assert m.forced and len(text) <= 40
+    text = b'{"xs":[1,2,3' + walk(m, 24 - 12, np.random.default_rng(0), DIGITY)
+    assert m.forced and len(text) <= 24
     assert json.loads(text)["xs"][:2] == [1, 2]
 
 
