@@ -17,7 +17,9 @@ it protects, and the work itself stays off the event loop.
                                6. the agent protocol: `tools` and tool messages rendered by the
                                   template; `response_format` / `tool_choice` compiled into a
                                   grammar and a fresh matcher (GenerationParams.constraint; an
-                                  unenforceable schema → 400); `logprobs` → GenerationParams.logprobs.
+                                  unenforceable schema → 400), bounded to max_tokens by the budget
+                                  keeper (grammar_budget.py; a max_tokens below the shortest valid
+                                  output → 400 naming max_tokens); `logprobs` → GenerationParams.logprobs.
 
 Work in steps 1-5 is bounded by the body limit and runs in a small thread pool, so a large or
 malicious body costs a concurrent stream at most the GIL hand-offs of that pool, never a stall of
