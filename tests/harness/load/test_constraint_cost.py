@@ -1,5 +1,5 @@
-"""constraint-cost on the tiny model: both variants run max_tokens tokens per request (a forced close
-may end a constrained one a few tokens early; its JSON parses), the
+"""constraint-cost on the tiny model: both variants run max_tokens tokens per request (with the
+budget keeper a constrained reply may close early; its JSON parses), the
 rounds interleave the variants, and the mask counters cover the constrained steps."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from harness.load.constraint_cost import CostSettings, run_constraint_cost  # no
     "budget", [pytest.param(True, marks=pytest.mark.slow), False], ids=["budget-keeper", "bare-grammar"]
 )
 def test_constraint_cost_record_on_tiny(budget):
-    # the keeper's schema needs ~55 tokens before it can close: 64 tokens (slow on a shared CPU)
+    # the keeper's schema closes in ~30 tokens: 64 of them (slow on a shared CPU)
     tokens = 64 if budget else 8
     s = CostSettings(
         model="tiny-a",
