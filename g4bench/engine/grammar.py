@@ -37,6 +37,8 @@ channel is open (with a budget that forces ``<channel|>``) and arms it after the
 With thinking off the grammar enforces from the first token, which also excludes ``<|channel>``.
 
 Once the grammar is complete only the EOS id(s) remain allowed, so the request ends at EOS.
+`g4bench.engine.grammar_budget.BudgetedMatcher` wraps a matcher for the server: the reply closes
+within `max_tokens` (forced near the end), and JSON numbers stay within float64 / int64 digits.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from g4bench.engine.grammar import GrammarMatcher, GrammarVocab, bitmask_words, unpack_bitmask
+from g4bench.engine.grammar import GrammarVocab, TokenConstraint, bitmask_words, unpack_bitmask
 
 THINK_OPEN, THINK_CLOSE = b"<|channel>", b"<channel|>"
 
@@ -51,7 +51,7 @@ class ThinkingCap:
         budget: int | None,
         *,
         in_channel: bool = False,
-        then: GrammarMatcher | None = None,
+        then: TokenConstraint | None = None,
     ) -> None:
         self.vocab = vocab
         self.budget = budget

@@ -45,7 +45,7 @@ from g4bench.server.errors import APIError, install_error_handlers
 from g4bench.server.metrics import ServerMetrics
 from g4bench.server.replies import Reply, from_chunks
 from g4bench.server.requests import Prepared, Preparer, read_body
-from g4bench.server.security import ApiKeyAuth, HostAllowList
+from g4bench.server.security import ApiKeyAuth, HostAllowList, JsonOnly
 from g4bench.server.settings import ServerSettings
 from g4bench.server.streaming import AsyncSink, TextAssembler
 from g4bench.server.tokenizer import PieceDecoder, Tokenizer
@@ -78,8 +78,16 @@ def create_app(
 
     app = FastAPI(title="g4bench", lifespan=lifespan)
     app.state.scheduler, app.state.metrics, app.state.service = scheduler, service.metrics, service
+    app.add_middleware(JsonOnly)  # innermost: after the Host and key checks
     if settings.api_key:
         app.add_middleware(ApiKeyAuth, api_key=settings.api_key, protect_docs=settings.protect_docs)
+    if settings.cors_origins is not None:  # outside the key check: preflights carry no key
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(
+            CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type"],
+        )  # fmt: skip
     if settings.allowed_hosts is not None:
         app.add_middleware(HostAllowList, allowed=settings.allowed_hosts)  # outermost: checked first
     install_error_handlers(app)
@@ -290,6 +298,16 @@ class _Request:
             return self._error(("abort", 503, ENGINE_FAILED, "engine_failed"))
         return APIError(500, "generation failed (internal error, logged on the server)", "server_error")
 
+    def _reason(self, result: RequestResult) -> str:
+        """The reply's finish_reason: "length" when the grammar's budget forced the close (the
+        output is complete and valid, but shorter than the model would have written), else the
+        engine's reason ("tool_calls" for a chat reply that carried calls)."""
+        if self.prep.budget is not None and self.prep.budget.forced:
+            return "length"
+        return (
+            self.agent.finish_reason(result.finish_reason) if self.agent is not None else result.finish_reason
+        )
+
     @staticmethod
     def _failed(event: tuple) -> bool:
         return event[0] == "abort" or (
@@ -334,11 +352,14 @@ class _Request:
             status = result.finish_reason
             if self.agent is None:
                 lp = None if self.top is None else completion_logprobs(rows, self.piece, self.top)
-                return JSONResponse(self.reply.whole("".join(text) + tail, result, logprobs=lp))
+                reply = self.reply.whole(
+                    "".join(text) + tail, result, logprobs=lp, finish_reason=self._reason(result)
+                )
+                return JSONResponse(reply)
             updates += self.agent.tail(tail) + self.agent.finish()
             whole = self.reply.whole(
                 "", result, parsed=self.agent.result(), logprobs=self.agent.logprobs_all(updates),
-                finish_reason=self.agent.finish_reason(result.finish_reason),
+                finish_reason=self._reason(result),
             )  # fmt: skip
             return JSONResponse(whole)
         finally:
@@ -351,7 +372,9 @@ class _Request:
         if self.agent is not None:
             row = rows.pop() if rows else None
             updates = self.agent.push_text(delta, row)
-            return from_chunks(reply.updates(updates, first, ids)) if updates or first or ids is not None else ""
+            return (
+                from_chunks(reply.updates(updates, first, ids)) if updates or first or ids is not None else ""
+            )
         if not (first or delta or ids is not None):
             return ""  # held text: its logprob rows wait for the chunk that carries it
         lp = None
@@ -385,12 +408,12 @@ class _Request:
                 return
             _, result, tail = event
             status = result.finish_reason
-            reason = result.finish_reason
+            reason = self._reason(result)
             if self.agent is not None:
                 updates = self.agent.tail(tail) + self.agent.finish()
                 if updates or first:
                     yield from_chunks(reply.updates(updates, first, [] if with_ids else None))
-                reason = self.agent.finish_reason(result.finish_reason)
+                reason = self._reason(result)
             elif first or tail or rows:
                 lp = None
                 if self.top is not None:

@@ -17,7 +17,9 @@ it protects, and the work itself stays off the event loop.
                                6. the agent protocol: `tools` and tool messages rendered by the
                                   template; `response_format` / `tool_choice` compiled into a
                                   grammar and a fresh matcher (GenerationParams.constraint; an
-                                  unenforceable schema → 400); `logprobs` → GenerationParams.logprobs.
+                                  unenforceable schema → 400), bounded to max_tokens by the budget
+                                  keeper (grammar_budget.py; a max_tokens below the shortest valid
+                                  output → 400 naming max_tokens); `logprobs` → GenerationParams.logprobs.
 
 Work in steps 1-5 is bounded by the body limit and runs in a small thread pool, so a large or
 malicious body costs a concurrent stream at most the GIL hand-offs of that pool, never a stall of
@@ -35,7 +37,8 @@ from typing import Any, cast
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect, Request
 
-from g4bench.engine.grammar import GrammarError, compile_grammar
+from g4bench.engine.grammar import GrammarError, GrammarMatcher, TokenConstraint, compile_grammar
+from g4bench.engine.grammar_budget import BudgetedMatcher, budgeted, request_growth
 from g4bench.engine.sampling import SamplingParams
 from g4bench.engine.scheduler import GenerationParams
 from g4bench.engine.thinking import ThinkingCap
@@ -87,6 +90,7 @@ class Prepared:
     params: GenerationParams
     stops: list[str]
     uses_tools: bool = False  # tools declared or tool messages sent: detokenize with markers kept
+    budget: BudgetedMatcher | None = None  # the grammar's budget keeper: `.forced` -> finish "length"
 
 
 class Preparer:
@@ -151,8 +155,12 @@ class Preparer:
             ids = cast(list[int], body.prompt)
             prompt = self.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(ids)
             stops = body.stop or []
-        params = self.params(param, body, prompt)
-        return Prepared(body, prompt, self._agent(body, params, uses_tools), stops, uses_tools)
+        params = self._agent(body, self.params(param, body, prompt), uses_tools)
+        constraint = params.constraint
+        keeper = constraint if isinstance(constraint, BudgetedMatcher) else getattr(constraint, "then", None)
+        return Prepared(
+            body, prompt, params, stops, uses_tools, keeper if isinstance(keeper, BudgetedMatcher) else None
+        )
 
     def _agent(self, body: p.SamplingFields, params: GenerationParams, uses_tools: bool) -> GenerationParams:
         """The grammar matcher and logprob count the request asks for, added to its parameters.
@@ -165,24 +173,32 @@ class Preparer:
             assert isinstance(body, p.CompletionRequest)
             k = body.logprobs
             fmt = body.response_format
-            request = {"response_format": None if fmt is None else fmt.model_dump(by_alias=True, exclude_none=True)}
+            request = {
+                "response_format": None if fmt is None else fmt.model_dump(by_alias=True, exclude_none=True)
+            }
         if (uses_tools or k is not None) and not self.vocab.synthetic:
             try:
                 self.vocab.grammar()
             except AgentVocabError as exc:
                 raise APIError(400, str(exc), param="tools" if uses_tools else "logprobs") from exc
-        constraint = None
+        constraint: TokenConstraint | None = None
         if request.get("response_format") or request.get("tool_choice") not in (None, "auto", "none"):
-            param = "tool_choice" if request.get("tool_choice") not in (None, "auto", "none") else "response_format"
+            param = (
+                "tool_choice"
+                if request.get("tool_choice") not in (None, "auto", "none")
+                else "response_format"
+            )
             try:
                 vocab = self.vocab.grammar()
                 grammar = compile_grammar(**request, vocab=vocab)
-                constraint = None if grammar is None else vocab.matcher(grammar)
+                matcher = None if grammar is None else vocab.matcher(grammar)
             except (GrammarError, AgentVocabError) as exc:
                 raise APIError(400, str(exc), param=param) from exc
-            if constraint is not None and (params.ignore_eos or params.min_tokens):
+            if matcher is not None and (params.ignore_eos or params.min_tokens):
                 # the grammar ends the reply with EOS; banning or ignoring it has no valid continuation
                 raise APIError(400, f"{param} cannot be combined with ignore_eos or min_tokens", param=param)
+            if matcher is not None:
+                constraint = self._budgeted(matcher, request, params.max_tokens, body)
         budget = body.thinking_budget if isinstance(body, p.ChatCompletionRequest) else None
         if budget is not None:
             # the cap watches for a channel the model opens and closes it past the budget; a grammar,
@@ -193,6 +209,26 @@ class Preparer:
                 raise APIError(400, str(exc), param="thinking_budget") from exc
             return replace(params, constraint=ThinkingCap(vocab, budget, then=constraint), logprobs=k)
         return replace(params, constraint=constraint, logprobs=k)
+
+    @staticmethod
+    def _budgeted(
+        constraint: GrammarMatcher, request: dict, max_tokens: int, body: p.SamplingFields
+    ) -> BudgetedMatcher:
+        """The matcher bounded to the tokens the reply may write (400 naming max_tokens when even the
+        shortest valid output does not fit). A thinking budget's tokens come out of max_tokens first
+        (the cap closes the channel after `thinking_budget` tokens and its two markers)."""
+        thinking = body.thinking_budget if isinstance(body, p.ChatCompletionRequest) else None
+        budget = max_tokens - (thinking + 2 if thinking is not None else 0)
+        try:
+            return budgeted(
+                constraint,
+                budget,
+                request_growth(
+                    request.get("response_format"), request.get("tools"), request.get("tool_choice")
+                ),
+            )
+        except GrammarError as exc:
+            raise APIError(400, str(exc), param="max_tokens") from exc
 
     def _check_size(self, data: dict, param: str) -> None:
         """Reject prompts that cannot fit before any tokenizing (cheap: lengths only)."""

@@ -6,6 +6,11 @@ disconnect detection); both run before the body is read.
   to 127.0.0.1): the browser sends `Host: evil.example`, which the list refuses.
 - `ApiKeyAuth`: `Authorization: Bearer KEY` (scheme case-insensitive, RFC 7235; key compared in
   constant time) on /v1/* and, when asked, on /metrics and the API docs. /health stays open.
+- `JsonOnly`: a POST to /v1/* must say `Content-Type: application/json` (a `charset`, if given,
+  utf-8), else 415 naming the header. A web page can send `text/plain`, form-encoded or multipart
+  bodies to any server without a CORS preflight; JSON needs one, which an unconfigured server
+  never answers (no CORS middleware unless `ServerSettings.cors_origins` names origins), so with
+  this check no page can make a local server generate.
 - `resolve_api_key`: the key from `--api-key-file`, the G4BENCH_API_KEY environment variable or
   `--api-key` (visible in `ps`; kept for convenience), in that order of preference.
 """
@@ -48,6 +53,38 @@ class HostAllowList:
                 err = APIError(
                     400, "the Host header names a host this server does not answer for", code="bad_host"
                 )
+                await err.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+JSON_TYPE = "application/json"
+
+
+def json_content_type_error(value: bytes | None) -> str | None:
+    """Why a Content-Type header value does not announce a UTF-8 JSON body (None when it does)."""
+    if value is None:
+        return f"the request has no Content-Type header; send Content-Type: {JSON_TYPE}"
+    text = value.decode("latin-1")
+    media, *params = (part.strip() for part in text.split(";"))
+    if media.lower() != JSON_TYPE:
+        return f"Content-Type {text!r} is not accepted; send Content-Type: {JSON_TYPE}"
+    for param in params:
+        key, _, val = param.partition("=")
+        if key.strip().lower() == "charset" and val.strip().strip('"').lower() not in ("utf-8", "utf8"):
+            return f"Content-Type charset {val.strip()!r} is not accepted; send Content-Type: {JSON_TYPE} (UTF-8)"
+    return None
+
+
+class JsonOnly:
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith("/v1/"):
+            reason = json_content_type_error(_header(scope, b"content-type"))
+            if reason is not None:
+                err = APIError(415, reason, param="Content-Type", code="unsupported_media_type")
                 await err.response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -18,6 +18,9 @@ scaled to an agent server on one chip:
   /openapi.json with `protect_docs`). /health stays open for probes.
 - `allowed_hosts`: Host header names accepted (None: any). `serve` sets the loopback names when it
   binds a loopback address, which defeats DNS rebinding from a browser.
+- `cors_origins`: origins whose web pages may call the API (CORS); None (the default): no CORS
+  headers at all, so a browser lets no other origin's page send the JSON the API requires.
+  POST bodies must be `Content-Type: application/json` in every case (415 otherwise).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class ServerSettings:
     protect_docs: bool = False
     allowed_hosts: frozenset[str] | None = None
     prepare_workers: int = 2
+    cors_origins: tuple[str, ...] | None = None
     # Called once when the engine watchdog trips (the serve command stops uvicorn and exits non-zero).
     on_engine_failure: Callable[[str], None] | None = None
 
@@ -57,5 +61,7 @@ class ServerSettings:
         for name, value in positive.items():
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
+        if self.cors_origins is not None and "*" in self.cors_origins and self.api_key is None:
+            raise ValueError("cors_origins '*' lets every web page use the server: set an API key too")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("the API key is empty")

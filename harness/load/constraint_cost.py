@@ -4,9 +4,13 @@ In one process (no HTTP: the transport costs both variants the same), on the ser
 scheduler. For each concurrency c and each round, the two variants run in a fresh random order:
 
     free   c requests, sampled at temperature 1, `ignore_eos`, exactly `max_tokens` tokens each;
-    json   the same prompts and seeds under a JSON-Schema grammar (`LONG_SCHEMA`: an array with
+    json   the same prompts and seeds under a JSON-Schema grammar: `LONG_SCHEMA` (an array with
            more items than `max_tokens` can hold, so every request also runs `max_tokens` tokens and
            is cut at the limit - the cost of the mask, not of shorter replies, is measured).
+           With `budget=True`, the server's budget keeper instead (`grammar_budget.budgeted`,
+           budget `max_tokens`, `CLOSING_SCHEMA`): its closing walk and forced close run, but a
+           reply may close itself early (EOS), so replies are shorter and the batch thins out
+           near the end - that ratio is biased low and is a smoke figure, not the verdict.
 
 TPOT per request = (last token time - first token time) / (tokens - 1); a variant's figure in a
 round is the median over its requests, and the verdict is the median over rounds of the per-round
@@ -20,6 +24,7 @@ upload, the masked sampler).
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 import threading
@@ -28,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 
 from g4bench.engine.engine import EngineConfig
 from g4bench.engine.grammar import compile_grammar, piece_vocab
+from g4bench.engine.grammar_budget import budgeted, request_growth
 from g4bench.engine.loading import load_engine
 from g4bench.engine.sampling import SamplingParams
 from g4bench.engine.scheduler import GenerationParams, RequestResult, Scheduler
@@ -40,6 +46,9 @@ ROW = {"type": "object", "properties": {
     "required": ["id", "name", "kind", "ok"], "additionalProperties": False}  # fmt: skip
 LONG_SCHEMA = {"type": "object", "properties": {"rows": {"type": "array", "items": ROW, "minItems": 64}},
                "required": ["rows"], "additionalProperties": False}  # fmt: skip
+CLOSING_SCHEMA = {"type": "object", "properties": {"rows": {"type": "array", "minItems": 1, "items": {
+    "type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 9999}, "ok": {"type": "boolean"}},
+    "required": ["id", "ok"], "additionalProperties": False}}}, "required": ["rows"], "additionalProperties": False}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,7 @@ class CostSettings:
     prompt_len: int = 128
     max_len: int = 512
     seed: int = 0
+    budget: bool = False  # True: the budget keeper around the grammar, as the server runs it
 
 
 @dataclass
@@ -80,8 +90,17 @@ def run_constraint_cost(s: CostSettings, log: Callable[[str], None] = lambda m: 
     V = engine.cfg.vocab_size
     tok = SyntheticTokenizer(V)
     vocab = piece_vocab([tok.piece(i).encode() for i in range(V)], EOS_ID, BOS_ID, [PAD_ID, EOS_ID, BOS_ID])
-    grammar = compile_grammar({"type": "json_schema", "json_schema": {"schema": LONG_SCHEMA, "strict": True}})
+    fmt = {
+        "type": "json_schema",
+        "json_schema": {"schema": CLOSING_SCHEMA if s.budget else LONG_SCHEMA, "strict": True},
+    }
+    grammar = compile_grammar(fmt)
     assert grammar is not None
+    growth = request_growth(fmt, None, None)
+
+    def constraint():
+        return budgeted(vocab.matcher(grammar), s.max_tokens, growth) if s.budget else vocab.matcher(grammar)
+
     sched = Scheduler(engine, max_waiting=max(s.concurrencies)).start()
     log("compiling the engine's programs (warm-up)")
     if not sched.wait_ready(3600):
@@ -94,21 +113,34 @@ def run_constraint_cost(s: CostSettings, log: Callable[[str], None] = lambda m: 
         masks = sched.agent.masks
         fill0, wait0, fills0 = (masks.fill_s, masks.wait_s, masks.fills) if masks else (0.0, 0.0, 0)
         for i in range(conc):
-            prompt = tok.encode("".join(random.Random(1000 * round_ + i).choice(letters) for _ in range(s.prompt_len)), add_bos=True)
+            prompt = tok.encode(
+                "".join(random.Random(1000 * round_ + i).choice(letters) for _ in range(s.prompt_len)),
+                add_bos=True,
+            )
             sampling = SamplingParams(temperature=1.0, seed=1000 * round_ + i)
-            params = (GenerationParams(s.max_tokens, sampling, constraint=vocab.matcher(grammar)) if constrained
+            params = (GenerationParams(s.max_tokens, sampling, constraint=constraint()) if constrained
                       else GenerationParams(s.max_tokens, sampling, ignore_eos=True))  # fmt: skip
             sinks.append(_Sink())
             sched.submit(prompt, params, sinks[-1])
         for sink in sinks:
             sink.done.wait()
         results = [k.result for k in sinks]
-        if any(r is None or r.finish_reason != "length" or len(r.output_ids) != s.max_tokens for r in results):
-            raise RuntimeError(f"a request did not run {s.max_tokens} tokens: {[r and r.finish_reason for r in results]}")
+        least = 1 if constrained and s.budget else s.max_tokens  # the keeper's replies may close early
+        if any(r is None or r.finish_reason not in ("length", "stop") or not least <= len(r.output_ids) <= s.max_tokens for r in results):  # fmt: skip
+            raise RuntimeError(f"a request did not run {s.max_tokens} tokens: {[r and (r.finish_reason, len(r.output_ids)) for r in results]}")  # fmt: skip
+        if constrained and s.budget:
+            for r in results:
+                assert r is not None
+                json.loads(tok.decode([t for t in r.output_ids if t != EOS_ID]))  # closed within the budget
         masks = sched.agent.masks
         if masks is None:
             return [_tpot_ms(r) for r in results if r], 0.0, 0.0, 0
-        return ([_tpot_ms(r) for r in results if r], masks.fill_s - fill0, masks.wait_s - wait0, masks.fills - fills0)
+        return (
+            [_tpot_ms(r) for r in results if r],
+            masks.fill_s - fill0,
+            masks.wait_s - wait0,
+            masks.fills - fills0,
+        )
 
     out: dict = {"settings": asdict(s), "levels": []}
     try:

@@ -143,7 +143,10 @@ def test_thinking_budget_wraps_the_grammar_and_is_validated(server):
 
 def test_strict_schema_the_grammar_cannot_enforce_is_a_400(server):
     url, _ = server
-    fmt = {"type": "json_schema", "json_schema": {"schema": {"type": "object", "oneOf": [{}, {}]}, "strict": True}}
+    fmt = {
+        "type": "json_schema",
+        "json_schema": {"schema": {"type": "object", "oneOf": [{}, {}]}, "strict": True},
+    }
     r = httpx.post(f"{url}/v1/chat/completions", json=chat_body(response_format=fmt), timeout=DEADLINE_S)
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
 
@@ -192,7 +195,11 @@ def test_tool_choice_required_120(server):
 
 def test_tool_history_and_prefix_reuse(server):
     url, _ = server
-    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+    }
     messages = [
         {"role": "system", "content": "You are an agent."},
         {"role": "user", "content": "Weather in Oslo?"},
@@ -205,7 +212,7 @@ def test_tool_history_and_prefix_reuse(server):
         second = http.post("/v1/chat/completions", json=body).json()
     prompt = SyntheticTokenizer(512).decode(first["prompt_token_ids"])
     assert '<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>}<tool_call|>' in prompt
-    assert prompt.endswith('<|tool_response>response:get_weather{temp:-3}<tool_response|>')
+    assert prompt.endswith("<|tool_response>response:get_weather{temp:-3}<tool_response|>")
     assert len(first["prompt_token_ids"]) > 64  # chunked prefill
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     for resp in (first, second):
@@ -225,10 +232,16 @@ def test_chat_logprobs(server):
         assert e["top_logprobs"][0]["token"] == e["token"]  # greedy: the most likely token
         assert e["logprob"] == pytest.approx(tops[0], abs=1e-6)
     streamed = []
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=DEADLINE_S) as r:
+    with httpx.stream(
+        "POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=DEADLINE_S
+    ) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
-                lp = json.loads(line[6:])["choices"][0].get("logprobs") if json.loads(line[6:])["choices"] else None
+                lp = (
+                    json.loads(line[6:])["choices"][0].get("logprobs")
+                    if json.loads(line[6:])["choices"]
+                    else None
+                )
                 streamed += (lp or {}).get("content", [])
     # the same tokens; the second request reuses the cached prompt, so its logits differ in the last bits
     assert [e["token"] for e in streamed] == [e["token"] for e in content]
@@ -237,9 +250,52 @@ def test_chat_logprobs(server):
 
 def test_completion_logprobs(server):
     url, _ = server
-    body = {"model": MODEL, "prompt": "abc", "max_tokens": 6, "temperature": 0, "logprobs": 2, "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "prompt": "abc",
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": 2,
+        "ignore_eos": True,
+    }
     choice = httpx.post(f"{url}/v1/completions", json=body, timeout=DEADLINE_S).json()["choices"][0]
     lp = choice["logprobs"]
     assert "".join(lp["tokens"]) == choice["text"] and len(lp["token_logprobs"]) == 6
     assert all(len(t) <= 2 and max(t.values()) == pytest.approx(v, abs=1e-6) for t, v in zip(lp["top_logprobs"], lp["token_logprobs"], strict=True))  # fmt: skip
     assert lp["text_offset"][0] == 0
+
+
+UNBOUNDED = {"type": "object", "properties": {"x": {"type": "number"}, "note": {"type": "string"}},
+             "required": ["x", "note"]}  # fmt: skip
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_unbounded_schema_closes_within_max_tokens(server, stream):
+    """Free number and string fields at temperature 1: the reply is complete JSON within max_tokens;
+    a close the budget forced says finish_reason "length"."""
+    url, _ = server
+    fmt = {"type": "json_schema", "json_schema": {"name": "u", "schema": UNBOUNDED, "strict": True}}
+    reasons = []
+    for seed in range(4):
+        body = chat_body(response_format=fmt, stream=stream, temperature=1.0, seed=seed, max_tokens=24)
+        msg, reason = post_chat(url, body)
+        assert reason in ("stop", "length") and len(msg["content"]) <= 24  # one byte per token here
+        jsonschema.validate(json.loads(msg["content"]), UNBOUNDED)
+        reasons.append(reason)
+    assert "length" in reasons  # 24 tokens cannot hold what the tiny model writes unforced
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "u", "schema": UNBOUNDED}}},
+        {"tools": TOOLS, "tool_choice": "required"},
+    ],
+    ids=["json_schema", "tool_choice"],
+)
+def test_max_tokens_below_the_shortest_output_is_a_400(server, extra):
+    url, sched = server
+    r = httpx.post(f"{url}/v1/chat/completions", json=chat_body(max_tokens=8, **extra), timeout=DEADLINE_S)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "max_tokens", r.text
+    assert "too small" in err["message"] and "shortest" in err["message"]

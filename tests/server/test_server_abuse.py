@@ -330,7 +330,22 @@ CASES: list[tuple] = [
     ("GET on a POST route", COMP, "GET", 405, ["method"], None),
     ("unknown route", "/v1/nothing", comp(), 404, ["route"], None),
     ("8 MB prompt", COMP, comp(prompt="a" * 8_000_000), 413, ["body", "limit"], None),
-    ("text/plain content type (edge)", COMP, "TEXT", 200, [], None),
+    (
+        "text/plain content type: 415 naming the header",
+        COMP,
+        "TEXT",
+        415,
+        ["content-type", "application/json"],
+        "Content-Type",
+    ),
+    (
+        "form-encoded body: 415 naming the header",
+        COMP,
+        "FORM",
+        415,
+        ["content-type", "application/json"],
+        "Content-Type",
+    ),
 ]
 
 # Every unsupported field with a value that asks for something: a 400 naming it; with its no-op
@@ -359,7 +374,9 @@ for _name, _value in ASKS.items():
     for _noop in (None, *UNSUPPORTED[_name]):
         CASES.append((f"{_name}={_noop!r} (edge)", COMP, comp(**{_name: _noop}), 200, [], None))
 CASES.append(("logprobs true is not a count", COMP, comp(logprobs=True), 400, ["logprobs"], "logprobs"))
-CASES.append(("top_logprobs 21", CHAT, chat(logprobs=True, top_logprobs=21), 400, ["top_logprobs"], "top_logprobs"))
+CASES.append(
+    ("top_logprobs 21", CHAT, chat(logprobs=True, top_logprobs=21), 400, ["top_logprobs"], "top_logprobs")
+)
 
 
 @pytest.fixture
@@ -380,6 +397,8 @@ def send(http: httpx.Client, url: str, body) -> httpx.Response:
         return http.get(url)
     if body == "TEXT":
         return http.post(url, content=json.dumps(comp()).encode(), headers={"content-type": "text/plain"})
+    if body == "FORM":
+        return http.post(url, data={"model": "m", "prompt": "hi"})
     if isinstance(body, bytes):
         return http.post(url, content=body, headers={"content-type": "application/json"})
     return http.post(url, json=body)

@@ -195,7 +195,9 @@ def test_half_sent_body_times_out_with_408(fake_app, live_server):
     host, port = base.removeprefix("http://").split(":")
     t0 = time.monotonic()
     with socket.create_connection((host, int(port)), timeout=DEADLINE_S) as s:
-        s.sendall(b'POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{"mod')
+        s.sendall(
+            b'POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"mod'
+        )
         head = s.recv(4096).decode()
     assert head.startswith("HTTP/1.1 408") and time.monotonic() - t0 < ANSWER_S
 

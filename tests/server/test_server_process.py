@@ -93,7 +93,9 @@ def test_sigterm_with_a_half_sent_body_exits(spawn):
     proc, base = spawn("--shutdown-timeout", "2")
     port = int(base.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=DEADLINE_S) as s:
-        s.sendall(b'POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{"mod')
+        s.sendall(
+            b'POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"mod'
+        )
         time.sleep(0.2)  # let the server start reading the body (there is no event to wait on)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
