@@ -70,13 +70,16 @@ class ServerShape:
     kv_layout: str = "paged"
     cached_windows: int = 4
     max_waiting: int = 64
+    max_batched_tokens: int = 512
+    prefill_policy: str | None = None  # None: mixed when paged, as serve
 
     def engine_config(self) -> Any:
         from g4bench.engine.engine import EngineConfig
 
         return EngineConfig(max_slots=self.max_slots, max_len=self.max_len, kv_dtype=self.kv_dtype,
                             sliding_kv=self.sliding_kv, chunk_size=self.chunk_size, kv_layout=self.kv_layout,
-                            cached_windows=self.cached_windows)  # fmt: skip
+                            cached_windows=self.cached_windows, max_batched_tokens=self.max_batched_tokens,
+                            prefill_policy=self.prefill_policy)  # fmt: skip
 
 
 class SimulationError(RuntimeError):

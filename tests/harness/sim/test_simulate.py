@@ -16,20 +16,33 @@ PREFILL_S, DECODE_S = 0.100, 0.010
 
 
 def price(call):
-    return PREFILL_S if call.program == "prefill" else DECODE_S
+    return PREFILL_S if call.program in ("prefill", "mixed") else DECODE_S
 
 
-def shape(slots: int = 1, max_len: int = 128) -> ServerShape:
+def shape(slots: int = 1, max_len: int = 128, policy: str = "chunk") -> ServerShape:
+    """The hand arithmetic below is the chunk policy's (one prefill chunk per loop turn beside a
+    decode call); test_mixed_policy_prefills_beside_the_decode_rows checks the mixed one."""
     return ServerShape(model="tiny-a", max_slots=slots, max_len=max_len, kv_dtype="f32", sliding_kv="full",
-                       chunk_size=32)  # fmt: skip
+                       chunk_size=32, prefill_policy=policy)  # fmt: skip
 
 
-def run(kind: str = "fixed", conc=(1,), tasks: int = 2, slots: int = 1, rate: float = math.inf, **wl):
+def run(kind: str = "fixed", conc=(1,), tasks: int = 2, slots: int = 1, rate: float = math.inf,
+        policy: str = "chunk", **wl):  # fmt: skip
     workload = WorkloadConfig(kind=kind, input_len=16, output_len=4, turns=3, tool_result_tokens=8, **wl)
     cfg = LoadConfig(
         base_url="simulated", workload=workload, concurrencies=list(conc), num_tasks=tasks, rate=rate
     )
-    return simulate(cfg, shape(slots), price)
+    return simulate(cfg, shape(slots, policy=policy), price)
+
+
+def test_mixed_policy_prefills_beside_the_decode_rows():
+    """Mixed (priced as a prefill): two streams sent at 0 prefill together in one call, then
+    decode together: first tokens both at 0.10, the rest every 0.01."""
+    result, engines = run(conc=(2,), slots=2, policy="mixed")
+    first, second = sorted(result.levels[0].records, key=lambda r: r.chunk_times[0])[:2]
+    assert first.chunk_times == pytest.approx([0.10, 0.11, 0.12, 0.13])
+    assert second.chunk_times == pytest.approx(first.chunk_times)
+    assert [c.program for c in engines[0].calls][:2] == ["mixed", "decode"]
 
 
 def test_fixed_requests_back_to_back_match_hand_arithmetic():
