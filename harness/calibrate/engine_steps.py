@@ -168,7 +168,7 @@ def run_engine_steps(settings: EngineStepsSettings, out: Path, argv: list[str], 
                 cfg = {**common, "layers": res["layers"], "ple": res["ple"], "embed": res["embed"],
                        "max_slots": slots, "max_len": max_len, "program": sh["program"], "rows": sh["rows"],
                        "tokens": sh["tokens"], "kv_len": sh["kv_len"], "decode_rows": sh.get("decode_rows", 0)}  # fmt: skip
-                name = f"{sh['program']}/slots{slots}/len{max_len}/T{sh['tokens']}/kv{sh['kv_len']}"
+                name = f"{sh['program']}/slots{slots}/len{max_len}/rows{sh['rows']}/T{sh['tokens']}/kv{sh['kv_len']}"
                 rec = run.append(run.record(KIND, name, cfg, res, step_ms_median=float(np.median(ms)),
                                             step_ms_q1=float(np.percentile(ms, 25)),
                                             step_ms_q3=float(np.percentile(ms, 75)), step_ms_samples=ms,

@@ -64,10 +64,14 @@ def setup_from(summary: dict[str, Any]) -> tuple[Any, Any]:
         burstiness=float(run["burstiness"]), slo=SLO(**slo),
     )  # fmt: skip
     cmd = server.get("command") or []
-    spec = LaunchSpec.from_json(cmd[-1]) if cmd and str(cmd[-1]).startswith("{") else LaunchSpec()
+    launched = cmd and str(cmd[-1]).startswith("{")
+    spec = LaunchSpec.from_json(cmd[-1]) if launched else LaunchSpec()
+    # a server launched before the mixed step existed ran one prefill chunk per loop turn
+    policy = spec.prefill_policy or ("chunk" if launched and "prefill_policy" not in cmd[-1] else None)
     shape = ServerShape(model=server["model"], max_slots=int(server["max_slots"]), max_len=int(server["max_len"]),
                         kv_dtype=spec.kv_dtype, sliding_kv=spec.sliding_kv, chunk_size=spec.chunk_size,
-                        kv_layout=spec.kv_layout, cached_windows=spec.cached_windows, max_waiting=spec.max_waiting)  # fmt: skip
+                        kv_layout=spec.kv_layout, cached_windows=spec.cached_windows, max_waiting=spec.max_waiting,
+                        max_batched_tokens=spec.max_batched_tokens, prefill_policy=policy)  # fmt: skip
     return cfg, shape
 
 
