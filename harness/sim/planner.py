@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from g4bench.engine.served_step import ServedStep
 from harness.sim.fleet import Knobs, Sizing, costs_of, memory_ceiling, size_one
 from harness.sim.simulate import ServerShape
 
@@ -149,8 +150,8 @@ def run_fleet(target: Target, workload: Any, slo: Any, knobs: list[Knobs], agent
         f"SLO {slo.describe()}; an agent count passes when task SLO attainment ≥ {slo.attainment_target:g}",
         f"memory ceiling: admission arithmetic (harness/capacity/admission.py), overhead {overhead[0] / 2**30:.2f} GiB from {overhead[1]}; "
         "block rounding and the cached-window reserve not counted",
-        "engine: paged KV, chunk 256, the real Scheduler (continuous batching, chunked prefill, prefix reuse); "
-        "HTTP and client overheads not modelled",
+        f"engine step priced: {ServedStep.served().describe()} (KV dtype and sliding KV per row), the real "
+        "Scheduler (continuous batching, mixed prefill, prefix reuse); HTTP and client overheads not modelled",
     ]
     return out
 
