@@ -31,10 +31,10 @@ def capacity(
     kv_layout: Annotated[
         str,
         typer.Option(
-            help="Decode KV layouts, comma-separated: contiguous (per slot) and/or paged (block pools read by "
-            "table, what `g4bench serve` runs by default). Prefill is sized contiguous."
+            help="Decode KV layouts, comma-separated: paged (block pools read by table, what `g4bench serve` "
+            "runs) and/or contiguous (per slot, the reference article's). Prefill is sized contiguous."
         ),
-    ] = "contiguous",
+    ] = "paged",
     target: Annotated[
         str,
         typer.Option(

@@ -46,9 +46,17 @@ def revalidate(
     kv_layout: Annotated[
         str | None,
         typer.Option(
-            help="KV cache layout(s), comma-separated: contiguous, paged (block pools read by table, as the "
-            "server serves). Both: every configuration in each, with a paged-vs-contiguous verdict. "
-            "(default: contiguous)"
+            help="KV cache layout(s), comma-separated: paged (block pools read by table, what `serve` runs), "
+            "contiguous (per-slot rows, the reference article's grid). Both: every configuration in each, with "
+            "a paged-vs-contiguous verdict. (default: paged)"
+        ),
+    ] = None,
+    sliding_kv: Annotated[
+        str | None,
+        typer.Option(
+            help="Sliding-window layers' KV, comma-separated: ring (window-sized, what `serve` runs) or full "
+            "(max_len rows). Both: a ring-vs-full verdict. (default: ring with the paged layout, full with "
+            "contiguous, so `--kv-layout contiguous` alone is the reference article's grid)"
         ),
     ] = None,
     rounds: Annotated[
@@ -135,7 +143,8 @@ def revalidate(
     ] = None,
     floor_pct: Annotated[float | None, renamed("--floor-pct", "--floor")] = None,
 ) -> None:
-    """Measure the decode step over configs/sweeps/revalidate.toml (PLE × KV dtype × donation) × batch × ctx.
+    """Measure the decode step over configs/sweeps/revalidate.toml (PLE × KV dtype × donation) × batch × ctx,
+    as `serve` runs it by default (paged KV, ring sliding KV; --kv-layout contiguous: the reference grid).
 
     Rounds visit every configuration once in a fresh random order, each visit a fresh process timing steps on warm buffers, with the host's other CPU load recorded per sample. Each effect (donation, int8 KV, PLE format) gets a ratio with a 95% CI (the visit-to-visit noise pooled over the run's configurations) and a verdict: faster / slower / equivalent / inconclusive (the reference's 2×IQR rule shown beside it); the summary says what effect the run could detect and how many rounds a 10% one would need. Writes results.jsonl, summary.csv, visits.jsonl, env.json, command.txt, logs/ and plots/. Exit 1 if a configuration failed (recorded; the sweep goes on), 2 on an unusable request.
     """
@@ -155,6 +164,7 @@ def revalidate(
         batches=int_list(batch, "--batch"),
         ctxs=int_list(ctx, "--ctx"),
         kv_layouts=str_list(kv_layout),
+        sliding_kvs=str_list(sliding_kv),
         rounds=rounds,
         samples=samples,
         warmup=warmup,

@@ -32,9 +32,16 @@ def roofline(
     kv_layout: Annotated[
         str | None,
         typer.Option(
-            help="KV cache layout: contiguous, or paged (block pools read by table, as the server serves); "
-            "the byte model is the same, so XLA's bytes and the fraction of calibrated show what the paged read costs. "
-            "(default: contiguous)"
+            help="KV cache layout: paged (block pools read by table, what `serve` runs) or contiguous (the "
+            "reference article's); the byte model is the same, so XLA's bytes and the fraction of calibrated show "
+            "what the paged read costs. (default: paged)"
+        ),
+    ] = None,
+    sliding_kv: Annotated[
+        str | None,
+        typer.Option(
+            help="Sliding-window layers' KV: ring (window-sized, what `serve` runs) or full (max_len rows). "
+            "(default: ring with the paged layout, full with contiguous)"
         ),
     ] = None,
     layers: Annotated[
@@ -82,6 +89,7 @@ def roofline(
         ctxs=int_list(ctx, "--ctx"),
         kv_dtype=kv_dtype,
         kv_layout=kv_layout,
+        sliding_kv=sliding_kv,
         layers=layers,
         samples=samples,
         warmup=warmup,

@@ -390,7 +390,30 @@ def run_calibrate(run_dirs: list[Path], holdout_dirs: list[Path], *, reference: 
     rows = [r for prog in models for r in rows_by[prog]]
     for prog in models:
         print_profile(profile, rows_by[prog], console, prog)
+    missing = None if reference else missing_programs(models, fit, run_dirs)
+    if missing:
+        console.print(missing, soft_wrap=True)
     return profile, path, rows
+
+
+def missing_programs(models: dict[str, StepModel], fit: list[Point], run_dirs: list[Path]) -> str | None:
+    """What `plan` needs and these runs did not time, and the run that adds it: revalidate and
+    roofline time the bare decode step only, so a profile fitted on them alone prices prefill and
+    the mixed step with its decode rates (plan's basis line says so)."""
+    absent = [p for p in ("prefill", "mixed") if p not in models]
+    if not absent or not fit or not run_dirs:
+        return None
+    configs = [p.config for p in fit]
+    slots = sorted({int(c["batch"]) for c in configs if c.get("batch")}) or [1, 4, 8]
+    max_len = max((int(c["ctx"]) for c in configs if c.get("ctx")), default=2048)
+    model, kv = configs[0].get("model", "e2b"), configs[0].get("kv_dtype", "bf16")
+    folders = " ".join(str(d) for d in run_dirs)
+    return (
+        f"no {' or '.join(absent)} points: plan will price {' and '.join(absent)} calls with the decode rates. "
+        f"To fit them on the step `serve` runs, time the engine's own calls and calibrate with both: "
+        f"g4bench engine-steps --model {model} --kv-dtype {kv} --max-slots {','.join(map(str, slots))} "
+        f"--max-len {max_len} --out STEPS_DIR, then g4bench calibrate {folders} STEPS_DIR"
+    )
 
 
 def print_profile(

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from g4bench.engine.served_step import ServedStep
 from harness.capacity.probes import (
     Driver,
     Settings,
@@ -162,7 +163,7 @@ def resolve_settings(req: CapacityRequest, console: Any) -> Settings:
         steps=tuple(req.steps or ("donated", "copying")),
         ple=tuple(req.ple or ("bf16",)),
         sliding=tuple(req.sliding or ("full", "ring")),
-        kv_layouts=tuple(req.kv_layouts or ("contiguous",)),
+        kv_layouts=tuple(req.kv_layouts or (ServedStep.served().kv_layout,)),
         layers=layers,
         compute=req.compute,
         limit_bytes=limit,

@@ -53,6 +53,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from g4bench.engine.served_step import SLIDING_KV, ServedStep
 from harness.revalidate.stopping import MAX_ROUNDS, MIN_ROUNDS_TO_STOP
 from harness.revalidate.sweep import SweepOutcome, run_sweep
 from harness.revalidate.visits import CHILD_TARGET, Point, visit_groups
@@ -65,6 +66,7 @@ from harness.run import (
     on_cpu,
 )
 
+SERVED = ServedStep.served()  # what `serve` runs: the default layout and sliding KV of the sweep
 SWEEP_PATH = Path(__file__).resolve().parents[2] / "configs" / "sweeps" / "revalidate.toml"
 CHILD_ENV_VAR = "G4BENCH_REVALIDATE_CHILD"
 PROBE_ENV_VAR = "G4BENCH_REVALIDATE_PROBE"
@@ -162,7 +164,8 @@ class SweepSettings:
     floor: float = 0.02
     aa: int = 0  # A/A pairs of one point (0: the grid's comparisons)
     cpus: tuple[int, ...] | None = None
-    kv_layouts: tuple[str, ...] = ("contiguous",)  # each grid point in each layout (paged: 16-token blocks)
+    kv_layouts: tuple[str, ...] = (SERVED.kv_layout,)  # each grid point in each layout (paged: 16-token blocks)
+    sliding_kvs: tuple[str, ...] | None = None  # None: the layout's default (sliding_kv_for)
     configs: tuple[str, ...] | None = None  # the --config names or globs (None: the whole grid)
     timeout_s: float = CHILD_TIMEOUT_S
     mem_limit_bytes: int | None = None
@@ -173,13 +176,14 @@ class SweepSettings:
     def identity(self) -> dict[str, Any]:
         """The fields that define the measurement (a resumed run must match them)."""
         keys = ("model", "batches", "ctxs", "rounds", "samples", "warmup", "seed", "layers", "aa", "kv_layouts",
-                "configs", "visit")  # fmt: skip
+                "sliding_kvs", "configs", "visit")  # fmt: skip
         return {k: getattr(self, k) for k in keys}
 
     @classmethod
     def from_json(cls, stored: dict[str, Any]) -> SweepSettings:
         known = {k: v for k, v in stored.items() if k in cls.__dataclass_fields__}
-        for k in ("batches", "ctxs", "cpus", "kv_layouts", "configs"):
+        known.setdefault("kv_layouts", ("contiguous",))  # runs from before the served-step default
+        for k in ("batches", "ctxs", "cpus", "kv_layouts", "sliding_kvs", "configs"):
             if known.get(k) is not None:
                 known[k] = tuple(known[k])
         return cls(**known)
@@ -194,6 +198,7 @@ class RevalidateRequest:
     batches: tuple[int, ...] | None = None
     ctxs: tuple[int, ...] | None = None
     kv_layouts: tuple[str, ...] | None = None
+    sliding_kvs: tuple[str, ...] | None = None
     rounds: int | None = None
     samples: int | None = None
     warmup: int | None = None
@@ -245,23 +250,34 @@ def select_configs(configs: Sequence[SweepConfig], patterns: Sequence[str] | Non
     return chosen
 
 
+def sliding_kv_for(layout: str, settings: SweepSettings, grid_value: str) -> tuple[str, ...]:
+    """The sliding-KV values a layout is measured with: --sliding-kv when given, else the served
+    step's ring with the paged layout (what `serve` runs) and the grid's own value (full, the
+    reference article's) with the contiguous one, so `--kv-layout contiguous` alone is that grid."""
+    if settings.sliding_kvs:
+        return settings.sliding_kvs
+    return (SERVED.sliding_kv,) if layout == SERVED.kv_layout else (grid_value,)
+
+
 def sweep_points(configs: Sequence[SweepConfig], settings: SweepSettings) -> list[Point]:
-    """Configurations × KV layouts × batches × contexts (names gain ``/paged`` for the paged layout and
-    ``/b<B>/ctx<C>`` when either shape list has more than one value); with `settings.aa`, N pairs
-    ``aa<i>-A`` / ``aa<i>-B`` of the single point."""
+    """Configurations × KV layouts × sliding KV × batches × contexts (names gain ``/paged`` for the
+    paged layout, ``/ring`` for ring sliding KV and ``/b<B>/ctx<C>`` when either shape list has more
+    than one value); with `settings.aa`, N pairs ``aa<i>-A`` / ``aa<i>-B`` of the single point."""
     multi = len(settings.batches) > 1 or len(settings.ctxs) > 1
     points = []
     for cfg in configs:
         for layout in settings.kv_layouts:
-            for batch in settings.batches:
-                for ctx in settings.ctxs:
-                    case = {**cfg.case, "model": settings.model, "batch": batch, "ctx": ctx}
-                    if settings.layers is not None:
-                        case["layers"] = settings.layers
-                    if layout != "contiguous":
-                        case["kv_layout"] = layout
-                    name = cfg.name + ("/paged" if layout == "paged" else "")
-                    points.append(Point(name + (f"/b{batch}/ctx{ctx}" if multi else ""), case))
+            for sliding in sliding_kv_for(layout, settings, cfg.case.get("sliding_kv", "full")):
+                for batch in settings.batches:
+                    for ctx in settings.ctxs:
+                        case = {**cfg.case, "model": settings.model, "batch": batch, "ctx": ctx,
+                                "sliding_kv": sliding}  # fmt: skip
+                        if settings.layers is not None:
+                            case["layers"] = settings.layers
+                        if layout != "contiguous":
+                            case["kv_layout"] = layout
+                        name = cfg.name + ("/paged" if layout == "paged" else "") + ("/ring" if sliding == "ring" else "")
+                        points.append(Point(name + (f"/b{batch}/ctx{ctx}" if multi else ""), case))
     if not settings.aa:
         return points
     if len(points) != 1:
@@ -319,6 +335,8 @@ def resolve_settings(
     unknown_layouts = set(settings.kv_layouts) - set(KV_LAYOUTS)
     if unknown_layouts or not settings.kv_layouts:
         raise RevalidateError(f"--kv-layout takes {', '.join(KV_LAYOUTS)}; got {list(settings.kv_layouts)}")
+    if settings.sliding_kvs is not None and (set(settings.sliding_kvs) - set(SLIDING_KV) or not settings.sliding_kvs):
+        raise RevalidateError(f"--sliding-kv takes {', '.join(SLIDING_KV)}; got {list(settings.sliding_kvs)}")
     if settings.visit not in VISIT_MODES:
         raise RevalidateError(f"--visit takes {', '.join(VISIT_MODES)}; got {settings.visit!r}")
     if settings.max_rounds is not None and settings.max_rounds < settings.rounds:
@@ -373,7 +391,7 @@ def prepare_run(
     from harness.revalidate.rounds import VISITS_FILE
 
     asked = asdict(request)
-    extra_keys = ("timeout_s", "mem_limit_bytes", "cpus", "kv_layouts", "configs", "max_rounds")
+    extra_keys = ("timeout_s", "mem_limit_bytes", "cpus", "kv_layouts", "sliding_kvs", "configs", "max_rounds")
     extra = {k: asked[k] for k in extra_keys if asked[k] is not None}
     if resume:
         if out is None:
@@ -506,7 +524,8 @@ def run_revalidate(
     console.print(
         f"revalidate on {platform} ({device.get('device_kind')}): model {settings.model}, "
         f"layers {settings.layers or 'as in the grid'}, batch {list(settings.batches)}, ctx "
-        f"{list(settings.ctxs)}, KV layout {list(settings.kv_layouts)}; {len(points)} point(s) × "
+        f"{list(settings.ctxs)}, KV layout {list(settings.kv_layouts)}, sliding KV "
+        f"{list(settings.sliding_kvs) if settings.sliding_kvs else 'ring when paged, full when contiguous'}; {len(points)} point(s) × "
         f"{settings.rounds} round(s){_budget_text(settings)} in {len(groups)} visit(s) per round ({settings.visit}), "
         "each visit a fresh "
         f"process taking {settings.samples} samples per point after {settings.warmup} warmup; timeout "

@@ -41,8 +41,9 @@ EFFECTS: tuple[tuple[str, str, Any, tuple[Any, ...]], ...] = (
     ("kv-int8", "kv_dtype", "bf16", ("int8",)),
     ("ple", "ple", "bf16", ("int8", "int4")),
     ("paged", "kv_layout", "contiguous", ("paged",)),
+    ("ring", "sliding_kv", "full", ("ring",)),
 )
-_ABSENT = {"kv_layout": "contiguous"}  # a point that leaves the field out has this value
+_ABSENT = {"kv_layout": "contiguous", "sliding_kv": "full"}  # a point that leaves the field out has this value
 _SHAPE_FIELDS = ("batch", "ctx")
 
 
@@ -57,6 +58,8 @@ def _group_label(case: dict[str, Any], varied: str, with_shape: bool) -> str:
         parts.append("donated" if case.get("donate") else "copying")
     if varied != "kv_layout" and case.get("kv_layout") == "paged":
         parts.append("paged")
+    if varied != "sliding_kv" and case.get("sliding_kv") == "ring":
+        parts.append("ring")
     if with_shape:
         parts.append(f"b{case.get('batch')}/ctx{case.get('ctx')}")
     return "/".join(parts)

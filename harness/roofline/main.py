@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from g4bench.engine.served_step import SLIDING_KV, ServedStep
 from harness.results import is_failure
 from harness.run import CHILD_TIMEOUT_S, CPU_LAYERS, CPU_LAYERS_REASON, KV_LAYOUTS, RequestError, on_cpu
 
@@ -58,11 +59,12 @@ class RooflineSettings:
     timeout_s: float = CHILD_TIMEOUT_S
     mem_limit_bytes: int | None = None
     seed: int = 0
-    kv_layout: str = "contiguous"
+    kv_layout: str = "contiguous"  # resolve_settings: the served step's unless --kv-layout says otherwise
+    sliding_kv: str = "full"
 
     def case(self, batch: int, ctx: int) -> dict[str, Any]:
-        """The DecodeCase fields of one shape (the engine's donated step, full-length sliding KV;
-        block pools read by table when `kv_layout` is "paged")."""
+        """The DecodeCase fields of one shape (the engine's donated step; block pools read by table
+        when `kv_layout` is "paged"; window-sized rings for sliding layers when `sliding_kv` is "ring")."""
         case: dict[str, Any] = {
             "model": self.model,
             "layers": self.layers,
@@ -70,13 +72,16 @@ class RooflineSettings:
             "batch": batch,
             "ctx": ctx,
         }
-        if self.kv_layout != "contiguous":  # contiguous runs keep their names and identities
+        if self.kv_layout != "contiguous":  # contiguous full runs keep their names and identities
             case["kv_layout"] = self.kv_layout
+        if self.sliding_kv != "full":
+            case["sliding_kv"] = self.sliding_kv
         return case
 
     def step_name(self, batch: int, ctx: int) -> str:
         paged = "/paged" if self.kv_layout == "paged" else ""
-        return f"decode/b{batch}/ctx{ctx}{paged}"
+        ring = "/ring" if self.sliding_kv == "ring" else ""
+        return f"decode/b{batch}/ctx{ctx}{paged}{ring}"
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,10 @@ class RooflineRequest:
     timeout_s: float | None = None
     mem_limit_bytes: int | None = None
     kv_layout: str | None = None
+    sliding_kv: str | None = None
 
+
+SERVED = ServedStep.served()  # what `serve` runs: the default layout and sliding KV
 
 ACCELERATOR_DEFAULTS = dict(
     layers="w4a16",
@@ -118,6 +126,11 @@ CPU_DEFAULTS = dict(
 )
 
 
+def default_sliding_kv(kv_layout: str) -> str:
+    """The served step's ring with its paged layout; full (the reference article's) with contiguous."""
+    return SERVED.sliding_kv if kv_layout == SERVED.kv_layout else "full"
+
+
 def resolve_settings(platform: str | None, request: RooflineRequest) -> tuple[RooflineSettings, str | None]:
     """Fill options not given (None) from the platform's defaults; returns (settings, note to print)."""
     defaults = CPU_DEFAULTS if on_cpu(platform) else ACCELERATOR_DEFAULTS
@@ -136,10 +149,13 @@ def resolve_settings(platform: str | None, request: RooflineRequest) -> tuple[Ro
         batches=tuple(values["batches"]),
         ctxs=tuple(sorted(values["ctxs"])),
         breakdown=bool(values["breakdown"]),
-        kv_layout=request.kv_layout or "contiguous",
+        kv_layout=request.kv_layout or SERVED.kv_layout,
+        sliding_kv=request.sliding_kv or default_sliding_kv(request.kv_layout or SERVED.kv_layout),
     )
     if settings.kv_layout not in KV_LAYOUTS:
         raise RooflineError(f"--kv-layout must be one of {', '.join(KV_LAYOUTS)}, got {settings.kv_layout!r}")
+    if settings.sliding_kv not in SLIDING_KV:
+        raise RooflineError(f"--sliding-kv must be one of {', '.join(SLIDING_KV)}, got {settings.sliding_kv!r}")
     if min(settings.batches) < 1 or min(settings.ctxs) < 1 or settings.samples < 1:
         raise RooflineError("batch, ctx and samples must be >= 1")
     if not applied:
@@ -445,7 +461,7 @@ def run_roofline(
     run_id, base_env = run.run_id, run.base_env
     console.print(
         f"roofline on {platform} ({device.get('device_kind')}): model {settings.model}, layers {settings.layers}, "
-        f"KV {settings.kv_dtype} {settings.kv_layout}, batch {list(settings.batches)}, ctx {list(settings.ctxs)}, {settings.samples} samples, "
+        f"KV {settings.kv_dtype} {settings.kv_layout} ({settings.sliding_kv} sliding), batch {list(settings.batches)}, ctx {list(settings.ctxs)}, {settings.samples} samples, "
         "one fresh process per shape"
     )
     with console.status("calibrating streaming bandwidth (sum, max, matvec, copy)…"):

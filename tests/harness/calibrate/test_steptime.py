@@ -122,6 +122,24 @@ def test_calibrate_from_run_folders_with_holdout(tmp_path, v6e):
     assert {r["role"] for r in rows} == {"fit", "holdout"}
 
 
+def test_decode_only_runs_name_the_run_that_adds_prefill_and_mixed(tmp_path, v6e):
+    """A profile fitted on revalidate/roofline runs alone has no prefill or mixed model: calibrate says
+    so and prints the engine-steps command (batches as slots, the longest context) that adds them."""
+    from rich.console import Console
+
+    from harness.calibrate.main import run_calibrate
+
+    _, _, truth = v6e
+    run = _write_run(tmp_path, "a", [(b, c, "bf16", True) for b in (1, 4, 8) for c in (512, 1024)], truth)
+    console = Console(record=True, width=200)
+    prof, _, _ = run_calibrate([run], [], reference=False, device=None, out=tmp_path / "p.toml", console=console)
+    assert prof.model("prefill") is None
+    text = console.export_text()
+    assert "no prefill or mixed points" in text
+    assert "g4bench engine-steps --model e2b --kv-dtype bf16 --max-slots 1,4,8 --max-len 1024 --out STEPS_DIR" in text
+    assert f"g4bench calibrate {run} STEPS_DIR" in text
+
+
 def test_v6e_prefill_refits_only_the_attention_rate():
     """The reference's one-shot prefill (three sizes) refits the decode model's attention FLOP rate:
     prefill attention (S query rows) runs faster than decode's (8 rows); the rest is decode's."""

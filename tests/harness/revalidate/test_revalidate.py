@@ -190,8 +190,10 @@ def test_time_budget_applies_only_where_rounds_were_left_to_it():
 def test_points_cross_batches_and_contexts_and_aa_pairs():
     configs = select_configs(load_sweep(), ["ple-bf16/kv-bf16/*"])
     s = SweepSettings(model="tiny-a", batches=(1, 8), ctxs=(64, 128), rounds=1, samples=1, warmup=0)
-    names = [p.name for p in sweep_points(configs, s)]
-    assert len(names) == 8 and "ple-bf16/kv-bf16/donated/b8/ctx128" in names
+    points = {p.name: p.case for p in sweep_points(configs, s)}
+    # the default is the served step: paged blocks, ring sliding KV
+    assert len(points) == 8 and "ple-bf16/kv-bf16/donated/paged/ring/b8/ctx128" in points
+    assert {(c["kv_layout"], c["sliding_kv"]) for c in points.values()} == {("paged", "ring")}
     one = SweepSettings(model="tiny-a", batches=(2,), ctxs=(64,), rounds=1, samples=1, warmup=0, aa=3)
     aa = sweep_points(configs[:1], one)
     assert [p.name for p in aa] == ["aa00-A", "aa00-B", "aa01-A", "aa01-B", "aa02-A", "aa02-B"]
@@ -209,11 +211,29 @@ def test_kv_layouts_double_the_points_and_name_the_paged_ones():
     assert set(points) == {
         "ple-bf16/kv-bf16/donated/b8/ctx64",
         "ple-bf16/kv-bf16/donated/b32/ctx64",
-        "ple-bf16/kv-bf16/donated/paged/b8/ctx64",
-        "ple-bf16/kv-bf16/donated/paged/b32/ctx64",
+        "ple-bf16/kv-bf16/donated/paged/ring/b8/ctx64",
+        "ple-bf16/kv-bf16/donated/paged/ring/b32/ctx64",
     }
     assert "kv_layout" not in points["ple-bf16/kv-bf16/donated/b8/ctx64"]  # names and hashes as before
-    assert points["ple-bf16/kv-bf16/donated/paged/b8/ctx64"]["kv_layout"] == "paged"
+    assert points["ple-bf16/kv-bf16/donated/paged/ring/b8/ctx64"]["kv_layout"] == "paged"
+    # without --sliding-kv each layout keeps its own default: the grid's full for contiguous (the
+    # reference article's grid), the served ring for paged
+    assert points["ple-bf16/kv-bf16/donated/b8/ctx64"]["sliding_kv"] == "full"
+    assert points["ple-bf16/kv-bf16/donated/paged/ring/b8/ctx64"]["sliding_kv"] == "ring"
+
+
+def test_sliding_kv_defaults_follow_the_layout_and_a_list_adds_a_dimension():
+    configs = select_configs(load_sweep(), ["ple-bf16/kv-bf16/donated"])
+    base = dict(model="tiny-a", batches=(8,), ctxs=(64,), rounds=1, samples=1, warmup=0)
+    served = sweep_points(configs, SweepSettings(**base))
+    assert [(p.name, p.case["sliding_kv"]) for p in served] == [("ple-bf16/kv-bf16/donated/paged/ring", "ring")]
+    reference = sweep_points(configs, SweepSettings(**base, kv_layouts=("contiguous",)))
+    assert [(p.name, p.case["sliding_kv"]) for p in reference] == [("ple-bf16/kv-bf16/donated", "full")]
+    both = sweep_points(configs, SweepSettings(**base, sliding_kvs=("full", "ring")))
+    assert [p.name for p in both] == ["ple-bf16/kv-bf16/donated/paged", "ple-bf16/kv-bf16/donated/paged/ring"]
+    with pytest.raises(RevalidateError, match="--sliding-kv"):
+        resolve_settings("cpu", model="tiny-a", batches=None, ctxs=None, rounds=1, samples=None, warmup=None,
+                         sliding_kvs=("window",))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------ end to end
@@ -228,8 +248,10 @@ def test_sweep_writes_run_folder_and_verdicts(fake_env):
     assert res.exit_code == 0, res.output
     records = read_records(out)
     meas = [r for r in records if r["kind"] == "revalidate"]
-    assert [r["name"] for r in meas] == [c.name for c in select_configs(load_sweep(), ["ple-bf16/*"])]
-    donated = next(r for r in meas if r["name"] == "ple-bf16/kv-bf16/donated")
+    # the default is the served step: each configuration's name says so
+    configs = select_configs(load_sweep(), ["ple-bf16/*"])
+    assert [r["name"] for r in meas] == [f"{c.name}/paged/ring" for c in configs]
+    donated = next(r for r in meas if r["name"] == "ple-bf16/kv-bf16/donated/paged/ring")
     assert donated["step_ms_median"] == pytest.approx(12.0, rel=0.5)
     assert donated["rounds"] == 2 and [len(r) for r in donated["step_ms_by_round"]] == [5, 5]
     assert donated["step_ms_ci95_lo"] <= donated["step_ms_median"] <= donated["step_ms_ci95_hi"]
@@ -239,12 +261,12 @@ def test_sweep_writes_run_folder_and_verdicts(fake_env):
     assert donated["model_bytes"] > 0 and donated["model_bytes_by_part"]["kv_read"] > 0  # costs.py
     ratios = {r["name"]: r for r in records if r["kind"] == "ratio"}
     assert set(ratios) == {
-        "donation/ple-bf16/kv-bf16",
-        "donation/ple-bf16/kv-int8",
-        "kv-int8/ple-bf16/copying",
-        "kv-int8/ple-bf16/donated",
+        "donation/ple-bf16/kv-bf16/paged/ring",
+        "donation/ple-bf16/kv-int8/paged/ring",
+        "kv-int8/ple-bf16/copying/paged/ring",
+        "kv-int8/ple-bf16/donated/paged/ring",
     }
-    don = ratios["donation/ple-bf16/kv-bf16"]
+    don = ratios["donation/ple-bf16/kv-bf16/paged/ring"]
     assert don["verdict"] == "faster" and don["rule_2iqr"] in ("real", "within noise")
     assert don["ratio"] == pytest.approx(2.0, rel=0.3) and don["ci95_lo"] > 1.0
     (summary,) = [r for r in records if r["kind"] == "summary"]
@@ -277,7 +299,7 @@ def test_contaminated_samples_are_flagged_and_left_out(fake_env, monkeypatch, mo
     monkeypatch.setenv("FAKE_MODE", mode)
     out = fake_env / "run"
     args = ["--config", "ple-bf16/*", "--rounds", 3, "--samples", 5, "--warmup", 0, "--out", out]
-    res = invoke(*args, "--batch", 2, "--ctx", 64)
+    res = invoke(*args, "--batch", 2, "--ctx", 64, "--kv-layout", "contiguous")
     assert res.exit_code == 0, res.output
     records = read_records(out)
     don = next(r for r in records if r["name"] == "ple-bf16/kv-bf16/donated")
@@ -396,7 +418,7 @@ def test_failures_recorded_sweep_continues_and_resume_reruns_only_them(fake_env,
     monkeypatch.setenv("FAKE_MODE", "mixed")
     out = fake_env / "run"
     args = ["--rounds", 1, "--samples", 3, "--warmup", 0, "--batch", 2, "--ctx", 64, "--out", out]
-    res = invoke("--all", *args, "--timeout", 6, "--mem-limit-gib", 2)
+    res = invoke("--all", *args, "--timeout", 6, "--mem-limit-gib", 2, "--kv-layout", "contiguous")
     assert res.exit_code == 1, res.output
     meas = {r["name"]: r for r in read_records(out) if r["kind"] == "revalidate"}
     assert len(meas) == 12
@@ -433,6 +455,7 @@ def test_a_shared_visit_fails_and_resumes_as_a_whole(fake_env, monkeypatch):
     monkeypatch.setenv("FAKE_MODE", "mixed")
     out = fake_env / "run"
     args = ["--config", "ple-bf16/*", "--config", "ple-int8/*", "--rounds", 1, "--samples", 2, "--warmup", 0]
+    args += ["--kv-layout", "contiguous"]
     res = invoke(*args, "--batch", 2, "--ctx", 64, "--out", out, "--mem-limit-gib", 2, "--visit", "shared-weights")
     assert res.exit_code == 1, res.output
     meas = {r["name"]: r for r in read_records(out) if r["kind"] == "revalidate"}
@@ -454,7 +477,7 @@ def test_shared_visits_cancel_process_speed(fake_env, monkeypatch):
     for visit in ("separate", "shared-weights"):
         out = fake_env / visit
         args = ["--config", "ple-bf16/*", "--rounds", 3, "--samples", 4, "--warmup", 0, "--batch", 2, "--ctx", 64]
-        res = invoke(*args, "--visit", visit, "--out", out)
+        res = invoke(*args, "--visit", visit, "--out", out, "--kv-layout", "contiguous")
         assert res.exit_code == 0, res.output
         ratio = next(r for r in read_records(out) if r["name"] == "donation/ple-bf16/kv-bf16")
         assert ratio["same_process"] is (visit == "shared-weights")
@@ -483,7 +506,7 @@ def test_paged_layout_gets_its_own_verdict_per_shape(fake_env):
     out = fake_env / "run"
     res = invoke(
         "--config", "ple-bf16/kv-bf16/donated", "--model", "tiny-a", "--batch", "8,32", "--ctx", 512,
-        "--kv-layout", "contiguous,paged", "--rounds", 2, "--samples", 3, "--warmup", 0, "--out", out,
+        "--kv-layout", "contiguous,paged", "--sliding-kv", "full", "--rounds", 2, "--samples", 3, "--warmup", 0, "--out", out,
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     records = read_records(out)

@@ -121,9 +121,15 @@ def test_settings_defaults_per_platform():
     assert note is None and given.layers == "bf16"
     with pytest.raises(RooflineError):
         resolve_settings("cpu", RooflineRequest(batches=(0,)))
-    assert "kv_layout" not in given.case(2, 64) and given.step_name(2, 64) == "decode/b2/ctx64"
-    paged, _ = resolve_settings("cpu", RooflineRequest(kv_layout="paged", batches=(2,), ctxs=(64,)))
+    # the default is the served step: paged blocks, ring sliding KV
+    assert (given.kv_layout, given.sliding_kv) == ("paged", "ring")
+    assert given.case(2, 64)["sliding_kv"] == "ring" and given.step_name(2, 64) == "decode/b2/ctx64/paged/ring"
+    reference, _ = resolve_settings("cpu", RooflineRequest(kv_layout="contiguous", batches=(2,), ctxs=(64,)))
+    assert "kv_layout" not in reference.case(2, 64) and reference.step_name(2, 64) == "decode/b2/ctx64"
+    paged, _ = resolve_settings("cpu", RooflineRequest(kv_layout="paged", sliding_kv="full", batches=(2,), ctxs=(64,)))
     assert paged.case(2, 64)["kv_layout"] == "paged" and paged.step_name(2, 64) == "decode/b2/ctx64/paged"
+    with pytest.raises(RooflineError, match="--sliding-kv"):
+        resolve_settings("cpu", RooflineRequest(sliding_kv="window"))
     with pytest.raises(RooflineError, match="--kv-layout"):
         resolve_settings("cpu", RooflineRequest(kv_layout="ring"))
 
