@@ -10,6 +10,9 @@ enter the cost model's bytes, so one profile may cover several of them. A profil
 engine (tpu-v6e) is a transfer of another engine's rates onto our step's costs, never a fit of our
 step: it is not refused (plan's assumptions say so). Records from before the mixed
 step carry no prefill policy: they ran the one-chunk-per-turn policy, the only one there was.
+revalidate/roofline records time the bare decode step, which has no prefill policy: a profile of
+them alone records none, and plan prices its prefill and mixed calls with the decode rates (calibrate
+prints the engine-steps run that adds them).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ def config_step(config: dict[str, Any]) -> dict[str, Any]:
         "kv_dtype": config.get("kv_dtype", "bf16"),
         "donate": bool(config.get("donate", True)),
         "chunk_size": int(config.get("chunk_size", 256)),
-        "prefill_policy": config.get("prefill_policy") or "chunk",
+        # revalidate/roofline time the decode step alone: no prefill policy to record (None)
+        "prefill_policy": config.get("prefill_policy") or ("chunk" if engine else None),
         "max_batched_tokens": int(config["max_batched_tokens"]) if "max_batched_tokens" in config else None,
     }
 

@@ -23,6 +23,17 @@ def test_fitted_step_lists_what_varies_and_old_records_ran_the_chunk_policy():
     assert step["kv_dtype"] == ["bf16", "int8"]
 
 
+def test_a_decode_only_sweep_on_the_served_layout_feeds_plan():
+    """revalidate's default records (paged, ring) carry no prefill policy: the step they fit is accepted
+    for the served step; the reference grid's contiguous records are not."""
+    served = {"batch": 4, "ctx": 512, "donate": True, "sliding_kv": "ring", "kv_layout": "paged"}
+    step = fitted_step([served])
+    assert "prefill_policy" not in step
+    check(_profile(step), ServedStep.served())
+    with pytest.raises(StepMismatchError, match="kv_layout: paged vs contiguous"):
+        check(_profile(fitted_step([{**served, "kv_layout": "contiguous"}])), ServedStep.served())
+
+
 def test_plan_refuses_a_profile_of_another_step_with_the_difference_and_the_fix():
     prof = _profile({"kv_layout": "contiguous", "sliding_kv": "full", "prefill_policy": "chunk"})
     with pytest.raises(StepMismatchError) as err:
