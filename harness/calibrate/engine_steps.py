@@ -146,6 +146,8 @@ def run_engine_steps(settings: EngineStepsSettings, out: Path, argv: list[str], 
     from harness.run import failure_line, open_run
 
     base = asdict(settings)
+    # the policy the engine runs, recorded on every shape (a profile's [step] record reads it)
+    base["prefill_policy"] = settings.prefill_policy or ("mixed" if settings.kv_layout == "paged" else "chunk")
     run = open_run(out=out, results_root=out.parent, short_name="engine-steps", argv=argv, settings=base,
                    identity=base, device=None, timeout_s=settings.timeout_s, mem_limit_bytes=None)  # fmt: skip
     records: list[dict[str, Any]] = []
@@ -156,7 +158,7 @@ def run_engine_steps(settings: EngineStepsSettings, out: Path, argv: list[str], 
             tag = f"engine/slots{slots}/len{max_len}"
             res = run.child("harness.calibrate.engine_steps:measure_child", payload, tag)
             common = {k: payload[k] for k in ("model", "kv_dtype", "sliding_kv", "kv_layout", "chunk_size",
-                                              "max_batched_tokens")}  # fmt: skip
+                                              "max_batched_tokens", "prefill_policy")}  # fmt: skip
             failed = failure_line(tag, res)
             if failed:
                 config = {**common, "max_slots": slots, "max_len": max_len}

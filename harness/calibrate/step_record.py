@@ -59,7 +59,7 @@ def fitted_step(configs: Iterable[dict[str, Any]]) -> dict[str, Any]:
 def profile_step(profile: Any) -> tuple[dict[str, Any] | None, str]:
     """(the step a profile was fitted on, where that came from); (None, why) when it cannot be told."""
     if profile.step:
-        return dict(profile.step), "its [step] record"
+        return dict(profile.step), "its step record"
     if profile.engine.startswith("reference"):
         return dict(REFERENCE_STEP), "its fit notes (the reference JAX engine's contiguous step)"
     from harness.results import read_records
@@ -68,7 +68,7 @@ def profile_step(profile: Any) -> tuple[dict[str, Any] | None, str]:
                for r in read_records(Path(d)) if isinstance(r.get("config"), dict)]  # fmt: skip
     if configs:
         return fitted_step(configs), f"its fit runs ({', '.join(profile.provenance['runs'])})"
-    return None, "it has no [step] record and its fit runs are not here"
+    return None, "it has no step record and its fit runs are not here"
 
 
 def differences(fitted: dict[str, Any], step: ServedStep) -> list[str]:

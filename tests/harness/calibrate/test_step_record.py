@@ -56,7 +56,7 @@ def test_the_step_record_round_trips_through_the_profile_file(tmp_path):
     path = tmp_path / "p.toml"
     path.write_text(profile_toml(prof, {}))
     assert load_profile(path).step == prof.step
-    assert profile_step(load_profile(path))[1] == "its [step] record"
+    assert profile_step(load_profile(path))[1] == "its step record"
 
 
 def test_committed_profiles_without_a_record_read_their_fit_notes():
