@@ -9,7 +9,7 @@ the verdicts leave out samples taken while others used more than `CONTAMINATED_C
 hypervisor stole `CONTAMINATED_STEAL` of the CPUs (`contaminated`).
 
 Why steal has its own, lower bar: a decode step's threads meet at barriers, so a vCPU taken away for
-a moment stalls every thread. On the 2-core dev VM (results/reference/revalidate-cpu-small-layouts-r6)
+a moment stalls every thread. On the 2-core dev VM (docs/findings.md §1.1)
 samples with no steal ran at 0.96× their configuration's median (5% of them over 1.3×), samples with
 ≥ 1% steal at 1.17–1.36× (43–53% over 1.3×) — while other_cores (steal included) stayed under 0.2.
 1% is one 10 ms tick in a 0.5 s window of two cores: the smallest steal the counter can show.
@@ -18,13 +18,13 @@ Why memory bandwidth too: a decode step streams its weights and cache from memor
 VM the neighbours' memory traffic slows it without showing in any CPU counter. On the 2-core dev VM
 one process stepping E2B (batch 4, ctx 8192) drifted between 1,000 and 1,600 ms within a minute
 with other_cores and steal near zero, and a one-thread 1 GiB read timed between the steps followed it
-(r = 0.45–0.68; results/reference/session13/drift_probe.txt). So on the CPU each timing window
+(r = 0.45–0.68; docs/findings.md §1.2). So on the CPU each timing window
 also times `MemoryProbe`, a read of `PROBE_BYTES` held by the child (harness/timing.py), and the
 run summary says how far that bandwidth wandered and how much of the step-time spread it explains
 (harness/revalidate/records.py). It is reported, not subtracted: the verdicts use the step times as
 measured. A host counts as quiet only when the
-probe's readings also stayed within `STEADY_BANDWIDTH_IQR_PCT` (relative IQR over the run): the
-session-13 `revalidate --all` flagged 6 of 180 samples by CPU time alone while the probe wandered
+probe's readings also stayed within `STEADY_BANDWIDTH_IQR_PCT` (relative IQR over the run): a
+`revalidate --all` run flagged 6 of 180 samples by CPU time alone while the probe wandered
 14.9% and the configurations' medians carried ±10% CIs.
 
 Data flow (inside the measuring child)::

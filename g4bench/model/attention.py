@@ -16,7 +16,7 @@ the products. Blocks slice the stored bits and widen one block at a time, and a 
 (`paged=`, g4bench/model/paged_kv.py) is gathered from its pools one block at a time, so a step
 reads only what its queries can see: the small model's paged decode step at batch 8 takes 75.8 ms
 in blocks vs 111.6 ms in one pass over a 3,072-key bucket, 76.0 vs 74.6 ms at 512 keys
-(results/reference/session12/decode_probe.txt). A bucketed read is also up to 1.5× longer than
+(docs/findings.md §3). A bucketed read is also up to 1.5× longer than
 the keys the queries attend to.
 """
 

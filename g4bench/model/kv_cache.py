@@ -29,8 +29,8 @@ is *stored* as its uint16 bits (`stored_dtype`): XLA:CPU's scatter into a bf16 b
 bitcast view of one, is not done in place even when the buffer is donated and copies all of it on
 every call (measured on jax 0.10.2: 24 ms vs 0.005 ms for a 64 MiB pool; 106 ms vs 0.09 ms for a
 one-position write into a [32, 1, 8192, 256] × 2 cache), while a scatter into uint16 is. A TPU
-v6e compile gains too (a b32 decode step's XLA bytes accessed 6.28 → 2.51 GB; results/reference/
-session8/paged_hlo_tpu.txt). Writers store `as_bits(x)`; readers reinterpret what they read
+v6e compile gains too (a b32 decode step's XLA bytes accessed 6.28 → 2.51 GB; docs/findings.md
+§3). Writers store `as_bits(x)`; readers reinterpret what they read
 (`from_bits`), a free bitcast on every backend. `entry_dtypes` names what each stored array holds.
 """
 

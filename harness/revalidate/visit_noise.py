@@ -6,12 +6,12 @@ visit for reasons that belong to the host, not the configuration (the neighbours
 vCPU placement), and within one visit the samples agree far better. So a comparison is only as
 good as its number of *visits*, and with the CPU default of 3 rounds a pair of configurations has 3
 paired visits: a bootstrap over 3 clusters cannot see their spread (it called 3 and 4 of 40 A/A
-pairs different, results/reference/revalidate-cpu-small-aa40 and -aa40-s15), and an interval honest
+pairs different, docs/findings.md §2), and an interval honest
 for 3 clusters alone (Student t with 2 degrees of freedom) is ±25–35% wide there.
 
 But the visit noise is a property of the host, and every configuration of the run sees it: the
 residual spread is about the same for copying and donated steps, bf16 and int8 KV (11.7–14.2% over
-every recorded run; results/reference/session15/noise_by_kind.txt). So it is estimated once, from
+every recorded run; docs/findings.md §1.4). So it is estimated once, from
 all of them, as in a randomized complete block design with rounds as blocks::
 
     y[c, r] = log(median of configuration c's samples in round r)
@@ -51,7 +51,7 @@ of the block design (analysis of covariance)::
     CI     = exp(log ratio ± t(0.975, df − 1) · sigma · sqrt(2 / R + (xbar[a] − xbar[b])² / Sxx))
 
 It took the pooled noise of those runs from 8.2–16.5% to 4.8–11.8%
-(results/reference/session16/probe_covariate.txt). It is used only where it is a host measure and
+(docs/findings.md §1.3). It is used only where it is a host measure and
 there is room for it: every configuration in its own process, probe readings on every visit, at
 least PROBE_MIN_DF degrees of freedom, and no configuration effect on the probe (F test of the
 configuration means of x, p ≥ PROBE_CONFIG_EFFECT_P: a configuration that moved the probe would
