@@ -63,5 +63,6 @@ def test_committed_profiles_without_a_record_read_their_fit_notes():
     step, source = profile_step(load_profile("tpu-v6e"))
     assert step["kv_layout"] == "contiguous" and "reference" in source
     check(load_profile("tpu-v6e"), ServedStep.served())  # another engine's rates: a transfer, not refused
-    step, source = profile_step(load_profile("cpu-2core-engine"))
-    assert (step["kv_layout"], step["prefill_policy"]) == ("paged", "chunk") and "fit runs" in source
+    step, source = profile_step(load_profile("cpu-2core-engine"))  # the simulator's local profile: the served step
+    assert (step["kv_layout"], step["prefill_policy"]) == ("paged", "mixed") and source == "its step record"
+    check(load_profile("cpu-2core-engine"), ServedStep.served())
