@@ -163,8 +163,8 @@ def test_roofline_runs_through_the_lifecycle(tmp_path, monkeypatch):
     records = read_records(out)
     assert [r["name"] for r in records] == [
         "calibration",
-        "decode/b1/ctx64",
-        "decode/b1/ctx256",
+        "decode/b1/ctx64/paged/ring",  # the default: the served step
+        "decode/b1/ctx256/paged/ring",
         "kv-slope/b1",
     ]
     for rec in records:
