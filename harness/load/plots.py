@@ -86,50 +86,52 @@ def write_plots(summary: dict[str, Any], out: Path) -> list[Path]:
     def get(key: str) -> list[float]:
         return [lv.get(key) if lv.get(key) is not None else float("nan") for lv in levels]
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, metric in zip(axes, ("ttft", "tpot"), strict=True):
-        ax.plot(conc, get(f"median_{metric}_ms"), "o-", label="median")
-        ax.plot(conc, get(f"p90_{metric}_ms"), "s--", label="p90")
-        ax.plot(conc, get(f"p99_{metric}_ms"), "^:", label="p99")
+    # a trace replay is one level at the trace's own load: nothing to draw against concurrency
+    if summary["run"]["workload"]["kind"] not in ("trace", "sessions"):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for ax, metric in zip(axes, ("ttft", "tpot"), strict=True):
+            ax.plot(conc, get(f"median_{metric}_ms"), "o-", label="median")
+            ax.plot(conc, get(f"p90_{metric}_ms"), "s--", label="p90")
+            ax.plot(conc, get(f"p99_{metric}_ms"), "^:", label="p99")
+            if base is not None:
+                rows, label = base
+                ax.plot(
+                    rows["concurrency"], rows[f"{metric}_ms_median"], "k.-", alpha=0.6, label=f"{label} (median)"
+                )
+            ax.set(xlabel=xlabel, ylabel=f"{metric.upper()} (ms)", xscale="log", yscale="log")
+            ax.set_xticks(ticks, labels)
+            ax.legend(fontsize=7)
+        fig.suptitle(title)
+        written += _save(fig, out, "latency")
+        plt.close(fig)
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(conc, get("output_throughput"), "o-", label="output tok/s (this run)")
         if base is not None:
             rows, label = base
-            ax.plot(
-                rows["concurrency"], rows[f"{metric}_ms_median"], "k.-", alpha=0.6, label=f"{label} (median)"
-            )
-        ax.set(xlabel=xlabel, ylabel=f"{metric.upper()} (ms)", xscale="log", yscale="log")
+            ax.plot(rows["concurrency"], rows["output_tok_per_s"], "k.-", alpha=0.6, label=label)
+        ax.set(xlabel=xlabel, ylabel="output tokens/s", xscale="log", yscale="log", title=title)
         ax.set_xticks(ticks, labels)
         ax.legend(fontsize=7)
-    fig.suptitle(title)
-    written += _save(fig, out, "latency")
-    plt.close(fig)
+        written += _save(fig, out, "throughput")
+        plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(conc, get("output_throughput"), "o-", label="output tok/s (this run)")
-    if base is not None:
-        rows, label = base
-        ax.plot(rows["concurrency"], rows["output_tok_per_s"], "k.-", alpha=0.6, label=label)
-    ax.set(xlabel=xlabel, ylabel="output tokens/s", xscale="log", yscale="log", title=title)
-    ax.set_xticks(ticks, labels)
-    ax.legend(fontsize=7)
-    written += _save(fig, out, "throughput")
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(conc, get("request_goodput"), "o-", label="request goodput (req/s)")
-    if any(lv.get("task_goodput") is not None for lv in levels):
-        ax.plot(conc, get("task_goodput"), "s-", label="task goodput (tasks/s)")
-    ax.set(xlabel=xlabel, ylabel="goodput (/s)", xscale="log", title=title)
-    ax.set_xticks(ticks, labels)
-    ax2 = ax.twinx()
-    ax2.plot(conc, get("slo_attainment"), "g^--", label="request attainment")
-    if any(lv.get("task_slo_attainment") is not None for lv in levels):
-        ax2.plot(conc, get("task_slo_attainment"), "mv--", label="task attainment")
-    ax2.axhline(summary["run"]["slo"]["attainment_target"], color="grey", lw=0.8, ls=":")
-    ax2.set(ylabel="SLO attainment", ylim=(-0.02, 1.02))
-    ax.legend(loc="upper left", fontsize=7)
-    ax2.legend(loc="lower left", fontsize=7)
-    written += _save(fig, out, "goodput")
-    plt.close(fig)
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(conc, get("request_goodput"), "o-", label="request goodput (req/s)")
+        if any(lv.get("task_goodput") is not None for lv in levels):
+            ax.plot(conc, get("task_goodput"), "s-", label="task goodput (tasks/s)")
+        ax.set(xlabel=xlabel, ylabel="goodput (/s)", xscale="log", title=title)
+        ax.set_xticks(ticks, labels)
+        ax2 = ax.twinx()
+        ax2.plot(conc, get("slo_attainment"), "g^--", label="request attainment")
+        if any(lv.get("task_slo_attainment") is not None for lv in levels):
+            ax2.plot(conc, get("task_slo_attainment"), "mv--", label="task attainment")
+        ax2.axhline(summary["run"]["slo"]["attainment_target"], color="grey", lw=0.8, ls=":")
+        ax2.set(ylabel="SLO attainment", ylim=(-0.02, 1.02))
+        ax.legend(loc="upper left", fontsize=7)
+        ax2.legend(loc="lower left", fontsize=7)
+        written += _save(fig, out, "goodput")
+        plt.close(fig)
 
     if any(lv.get("by_turn") for lv in levels):
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))

@@ -338,10 +338,11 @@ def print_closing(console: Any, summary: dict[str, Any], run_dir: Path) -> None:
 
         print_search(console, summary["run"]["search"])
     cap = summary["capacity"]
-    console.print(
-        f"  capacity: largest concurrency with {cap['basis']} ≥ {cap['attainment_target']:g}: "
-        f"{cap['max_concurrency_at_attainment']}"
-    )
+    if summary["run"].get("trace") is None:  # a trace's one level says nothing about concurrency
+        console.print(
+            f"  capacity: largest concurrency with {cap['basis']} ≥ {cap['attainment_target']:g}: "
+            f"{cap['max_concurrency_at_attainment']}"
+        )
     console.print(f"  run folder: {run_dir}", soft_wrap=True)  # one line, copyable
 
 
