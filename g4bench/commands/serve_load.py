@@ -133,6 +133,13 @@ def serve_load(
     plan_profile: Annotated[
         str | None, typer.Option(help="--find-max: step-time profile for the prediction (default: the target's).")
     ] = None,
+    prefill_policy: Annotated[
+        str | None,
+        typer.Option(
+            help="Self-started server: mixed | chunk, as serve's (e.g. chunk to match a profile fitted on it). "
+            "(default: serve's)"
+        ),
+    ] = None,
     metrics_interval: Annotated[
         float, typer.Option(help="Scrape the server's /metrics every this many seconds (0: off).")
     ] = 1.0,
@@ -189,6 +196,9 @@ def serve_load(
         raise typer.Exit(2)
     if trace is not None and (find_max is not None or engine_baseline or json_schema is not None):
         console.print("[red]--trace replays its own schedule: no --find-max, --engine-baseline or --json-schema[/red]")
+        raise typer.Exit(2)
+    if prefill_policy not in (None, "mixed", "chunk") or (prefill_policy is not None and url is not None):
+        console.print("[red]--prefill-policy takes mixed or chunk, for the self-started server (no --url)[/red]")
         raise typer.Exit(2)
     if find_max is not None and (engine_baseline or duration is not None):
         console.print("[red]--find-max measures its own levels: no --engine-baseline or --duration[/red]")
@@ -279,7 +289,7 @@ def serve_load(
             name = model or (DEFAULT_ACCEL_MODEL if accel else DEFAULT_CPU_MODEL)
             port = free_port()
             max_len = defaults.server_max_len(max_context)
-            cmd = serve_command(name, slots, max_len, port)
+            cmd = serve_command(name, slots, max_len, port, prefill_policy)
             server_meta |= {"model": name, "command": cmd, "max_slots": slots, "max_len": max_len}
             console.print(
                 f"  starting server: model {name} ({'accelerator' if accel else 'CPU: small synthetic'}), port {port}"

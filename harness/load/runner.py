@@ -12,7 +12,12 @@
 4. Liveness: after any connection-level failure the runner asks whether the server is still up; if
    not, it stops sending, keeps what it has and marks the run `partial` with the reason. Ctrl-C does
    the same ("interrupted") before re-raising.
-5. report.py writes the run folder from the `RunResult`.
+5. Server metrics: beside the levels, server_metrics.py scrapes /metrics every `metrics_period_s`
+   (ours or vLLM's names); the rows and their status land in the `RunResult` (metrics.jsonl).
+6. report.py writes the run folder from the `RunResult`.
+
+replay.py (`--trace`) and find_max.py (`--find-max`) reuse these pieces: the client, the transport
+probe and the scraper, with their own schedule of requests or levels.
 
 `--workload tools` runs tool_workload.py's `ToolTask`s (forced tool calls over chat, tool results
 appended as `tool` messages); each level keeps one `ToolCallStats`, whose parse / validation rates
