@@ -97,6 +97,15 @@ class FindMax:
     class Stopped(Exception):
         """A probe ended partial (server gone, Ctrl-C): the search stops with what it has."""
 
+    def _metrics_block(self, last: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The scrape status over every probe so far (the last probe's status, all probes' counts)."""
+        if last is None:
+            return None
+        prev = self.result.server_metrics_block or {}
+        return last | {"samples": len(self.result.server_metrics),
+                       "scrape_errors": prev.get("scrape_errors", 0) + last["scrape_errors"],
+                       "source": last["source"] or prev.get("source")}  # fmt: skip
+
     def measure(self, level: float) -> float | None:
         from harness.load.report import level_summary
 
@@ -106,7 +115,7 @@ class FindMax:
         self.base.workload = cfg.workload  # the transport the first probe picked
         self.result.notes += [n for n in run.notes if n not in self.result.notes]
         self.result.server_metrics += run.server_metrics
-        self.result.server_metrics_block = run.server_metrics_block
+        self.result.server_metrics_block = self._metrics_block(run.server_metrics_block)
         levels = [replace(lv, rate=level if s.mode == "rate" else None) for lv in run.levels]
         self.result.levels += levels
         if run.partial_reason or not levels:
@@ -168,9 +177,10 @@ def write_search(block: dict[str, Any], out: Path) -> list[Path]:
     rows = sorted(block["probes"], key=lambda r: r["level"])
     ax.plot([r["level"] for r in rows], [r["attainment"] for r in rows], "o-", label="measured")
     pred = block.get("predicted")
-    if pred is not None:
-        pts = sorted((p["level"], p["attainment"]) for p in pred["probes"] if p["attainment"] is not None)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "x--", label=f"predicted ({pred.get('basis')})")
+    if pred is not None:  # the simulator at the measured levels and at its own search's levels
+        at = {r["level"]: r.get("predicted_attainment") for r in rows} | {p["level"]: p["attainment"] for p in pred["probes"]}
+        pts = sorted((lv, a) for lv, a in at.items() if a is not None)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "x--", label="predicted (plan: simulator + profile)")
     ax.axhline(block["attainment_target"], color="grey", ls=":", lw=1, label="target")
     unit = "agents (closed loop)" if block["mode"] == "agents" else "task rate (/s, open loop)"
     best = block["measured"]["best"]
@@ -242,6 +252,8 @@ def settings_from(mode: str, bounds: str | None, levels: list[int], rel_tol: flo
             raise ValueError(f"--search-bounds takes LO,HI, got {bounds!r}") from None
     if not 0 < lo <= hi or (mode == "agents" and (lo != int(lo) or hi != int(hi))):
         raise ValueError(f"--search-bounds need 0 < LO ≤ HI{' (whole agents)' if mode == 'agents' else ''}")
+    if mode == "agents":
+        lo, hi = int(lo), int(hi)
     return Settings(mode, lo, hi, rel_tol, max_probes, tasks, cap=max(levels))  # type: ignore[arg-type]
 
 
@@ -262,7 +274,7 @@ def plan_predictor(server: dict[str, Any], target: str | None, profile: str | No
     if target is None:
         return None, "none: name the accelerator with --plan-target (tpu-v6e, h200, …)"
     from harness.calibrate.main import CalibrateError
-    from harness.sim.planner import resolve_target
+    from harness.sim.planner import LOCAL_PROFILE, resolve_target
     from harness.sim.validate import shape_from_server
 
     try:
@@ -271,5 +283,8 @@ def plan_predictor(server: dict[str, Any], target: str | None, profile: str | No
         pricer = tgt.pricer_for(shape)
     except (CalibrateError, FileNotFoundError, ValueError) as e:
         return None, f"none: {e}"
-    prof = f"profile {tgt.profile.device}" if tgt.profile is not None else "hardware roofline (a lower bound)"
+    name = profile or (LOCAL_PROFILE if target == "local" else target)
+    pv = tgt.profile.provenance if tgt.profile is not None else {}
+    prof = (f"profile {name} (fitted on {', '.join(map(str, pv.get('runs', [])))} at revision {pv.get('git_rev')})"
+            if tgt.profile is not None else "hardware roofline (a lower bound)")  # fmt: skip
     return simulator_predictor(shape, pricer), f"plan --target {target}, {prof}, server shape as measured"
