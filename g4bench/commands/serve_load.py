@@ -252,6 +252,8 @@ def serve_load(
         from harness.load.replay import trace_workload
 
         wl, max_context = trace_workload(replay, wl.api, wl.model, seed), replay.max_context
+        if wl.api == "chat":  # the chat template's tokens around every message (a generous bound)
+            max_context += 16 * replay.max_messages
         console.print(
             f"[bold]serve-load[/bold] --trace {trace}: {replay.format}, {replay.num_requests} requests"
             + (f" in {len(replay.sessions)} sessions" if replay.sessions else "")

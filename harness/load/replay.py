@@ -135,14 +135,16 @@ async def dispatch(items: Sequence[tuple[float, Any]], clock: Clock, fire: Calla
 
 async def run_session(task: SessionTask, clock: Clock, send: Send, stop: asyncio.Event | None = None) -> None:
     """Turn 0 at start_ms; turn k think_ms after turn k − 1's reply ended; a failed turn ends it."""
-    at = task.s.start_ms / 1e3
+    at = ended = task.s.start_ms / 1e3
     for k, turn in enumerate(task.s.turns):
         if k:
-            at = clock.now() + turn.think_ms / 1e3
+            at = ended + turn.think_ms / 1e3
+        spec = task.spec(k)  # built during the think time, as a client would
         await clock.until(at)
         if stop is not None and stop.is_set():
             return
-        rec = await send(task.spec(k), at)
+        rec = await send(spec, at)
+        ended = clock.now()
         if not rec.ok:
             return
         if (err := task.observe(rec)) is not None:

@@ -106,6 +106,13 @@ class Trace:
         return max(times, default=0.0) / 1e3
 
     @property
+    def max_messages(self) -> int:
+        """Most chat messages one request carries (system, first user, then reply + user per turn)."""
+        if self.format == "mooncake":
+            return 1
+        return max(bool(s.prefix_hash_ids) + 2 * len(s.turns) - 1 for s in self.sessions)
+
+    @property
     def max_context(self) -> int:
         """Largest prompt + reply of any request (sizes the self-started server's max_len)."""
         if self.format == "mooncake":
