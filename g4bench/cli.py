@@ -21,6 +21,7 @@ from g4bench.commands import (
     generate,
     plan,
     plot,
+    report,
     revalidate,
     roofline,
     serve,
@@ -41,6 +42,7 @@ app.command("generate")(generate.generate)
 app.command("revalidate")(revalidate.revalidate)
 app.command("roofline")(roofline.roofline)
 app.command("plot")(plot.plot)
+app.command("report")(report.report)
 app.command("gate")(gate.gate)
 app.command("capacity")(capacity.capacity)
 app.command("calibrate")(calibrate.calibrate)

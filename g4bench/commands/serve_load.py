@@ -7,6 +7,12 @@ decode step at the server's batch and KV bucket in a fresh child once the server
 prints server decode tok/s (while every stream decodes) ÷ the engine's (harness/load/decode_ratio.py).
 The closing output is three 80-column tables (latency; throughput and goodput; agent tasks with
 prompt tokens computed vs reused), one few-samples line per level, and the run folder.
+
+--trace FILE replays a trace on its own schedule instead of a synthetic workload (harness/load/
+trace.py defines both formats: Mooncake/AIPerf rows and g4bench agent sessions; replay.py paces
+them). --find-max agents|rate bisects for the most agents / the highest task rate meeting the SLO
+attainment target, one measured level per probe, beside the simulator's answer (find_max.py).
+Every run scrapes the server's /metrics (ours or vLLM's names) into metrics.jsonl.
 Exit codes: 0 done, 1 partial (server died mid-run; results saved), 2 bad setup (server unreachable,
 unknown model, bad options), 130 interrupted (results saved).
 """
@@ -90,6 +96,53 @@ def serve_load(
     ] = 600.0,
     api_key: Annotated[str | None, typer.Option(help="Bearer token for the server.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for synthetic prompts and arrivals.")] = 0,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Replay this JSONL trace on its schedule: Mooncake/AIPerf rows {timestamp ms, input_length, "
+            "output_length, hash_ids of 512-token blocks: equal ids = equal tokens} or agent sessions "
+            "{session_id, start_ms, prefix_hash_ids, turns: [{input_length, output_length, "
+            "tool_result_length, think_ms}]} (turn k sent think_ms after turn k-1's reply). Open loop, "
+            "uncapped; reports schedule fidelity and the cache reuse the trace implies."
+        ),
+    ] = None,
+    trace_block_size: Annotated[int, typer.Option(help="--trace: tokens per hash_ids block.")] = 512,
+    find_max: Annotated[
+        str | None,
+        typer.Option(
+            help="agents | rate: bisect the most agents (closed loop, one task each) or the highest task rate "
+            "(open loop, capped at --conc's largest) whose SLO attainment meets the target, one measured level "
+            "per probe, with the simulator's prediction beside it."
+        ),
+    ] = None,
+    search_bounds: Annotated[
+        str | None,
+        typer.Option(help="--find-max: LO,HI (agents: default 1,largest --conc; rate: required, tasks/s)."),
+    ] = None,
+    search_tolerance: Annotated[
+        float, typer.Option(help="--find-max rate: stop when HI/LO ≤ 1 + this.")
+    ] = 0.1,
+    max_probes: Annotated[int, typer.Option(help="--find-max: measured levels at most.")] = 6,
+    plan_target: Annotated[
+        str | None,
+        typer.Option(
+            help="--find-max: price the prediction for this target (default: local with the self-started "
+            "server on a CPU; 'none' skips it)."
+        ),
+    ] = None,
+    plan_profile: Annotated[
+        str | None, typer.Option(help="--find-max: step-time profile for the prediction (default: the target's).")
+    ] = None,
+    prefill_policy: Annotated[
+        str | None,
+        typer.Option(
+            help="Self-started server: mixed | chunk, as serve's (e.g. chunk to match a profile fitted on it). "
+            "(default: serve's)"
+        ),
+    ] = None,
+    metrics_interval: Annotated[
+        float, typer.Option(help="Scrape the server's /metrics every this many seconds (0: off).")
+    ] = 1.0,
     engine_baseline: Annotated[
         bool,
         typer.Option(
@@ -141,6 +194,32 @@ def serve_load(
             "[red]--engine-baseline needs --workload fixed and the self-started server (no --url)[/red]"
         )
         raise typer.Exit(2)
+    if trace is not None and (find_max is not None or engine_baseline or json_schema is not None):
+        console.print("[red]--trace replays its own schedule: no --find-max, --engine-baseline or --json-schema[/red]")
+        raise typer.Exit(2)
+    if prefill_policy not in (None, "mixed", "chunk") or (prefill_policy is not None and url is not None):
+        console.print("[red]--prefill-policy takes mixed or chunk, for the self-started server (no --url)[/red]")
+        raise typer.Exit(2)
+    if find_max is not None and (engine_baseline or duration is not None):
+        console.print("[red]--find-max measures its own levels: no --engine-baseline or --duration[/red]")
+        raise typer.Exit(2)
+    replay = search = None
+    if trace is not None:
+        from harness.load.trace import TraceError, load_trace
+
+        try:
+            replay = load_trace(trace, trace_block_size)
+        except TraceError as e:
+            console.print(f"[red]bad trace:[/red] {e}", soft_wrap=True)
+            raise typer.Exit(2) from None
+    if find_max is not None:
+        from harness.load.find_max import settings_from
+
+        try:
+            search = settings_from(find_max, search_bounds, levels, search_tolerance, max_probes, num_requests)
+        except ValueError as e:
+            console.print(f"[red]{e}[/red]")
+            raise typer.Exit(2) from None
 
     schema = None
     if json_schema is not None:
@@ -168,13 +247,30 @@ def serve_load(
         json_schema=schema,
         api="chat" if workload == "tools" else api,  # type: ignore[arg-type]
     )
-    console.print(f"[bold]serve-load[/bold] {workload}: {size.reason}")
-    console.print(
-        f"  turns {wl.turns_per_task}, input {wl.input_len}, output {wl.output_len}, tool result "
-        f"{wl.tool_result_tokens}, shared prefix {wl.prefix_len}"
-        + (" (lead agent first)" if wl.lead_opens and rate is None else "")
-        + f", max context {wl.max_context}"
-    )
+    max_context = wl.max_context
+    if replay is not None:
+        from harness.load.replay import trace_workload
+
+        wl, max_context = trace_workload(replay, wl.api, wl.model, seed), replay.max_context
+        if wl.api == "chat":  # the chat template's tokens around every message (a generous bound)
+            max_context += 16 * replay.max_messages
+        console.print(
+            f"[bold]serve-load[/bold] --trace {trace}: {replay.format}, {replay.num_requests} requests"
+            + (f" in {len(replay.sessions)} sessions" if replay.sessions else "")
+            + f" starting over {replay.span_s:.1f} s, {replay.block_size}-token blocks, max context {max_context}; "
+            "open loop, uncapped",
+            soft_wrap=True,
+        )
+    else:
+        console.print(f"[bold]serve-load[/bold] {workload}: {size.reason}")
+        console.print(
+            f"  turns {wl.turns_per_task}, input {wl.input_len}, output {wl.output_len}, tool result "
+            f"{wl.tool_result_tokens}, shared prefix {wl.prefix_len}"
+            + (" (lead agent first)" if wl.lead_opens and rate is None else "")
+            + f", max context {max_context}"
+        )
+    if search is not None:
+        console.print(f"  find-max: {search.describe()}")
     try:
         objectives = load_slo(slo)
     except (OSError, ValueError) as e:
@@ -184,7 +280,9 @@ def serve_load(
         f"  SLO ({slo}): {objectives.describe()}; attainment target {objectives.attainment_target:g}"
     )
 
-    run_dir = out if out is not None else create_run_dir(Path("results"), f"serve-load-{workload}")
+    label = "trace" if replay is not None else f"find-max-{find_max}" if find_max is not None else workload
+    run_dir = out if out is not None else create_run_dir(Path("results"), f"serve-load-{label}")
+    slots = int(search.hi) if search is not None and search.mode == "agents" else max(levels)
     run_dir.mkdir(parents=True, exist_ok=True)
     server = None
     server_meta: dict = {"self_started": url is None}
@@ -192,9 +290,9 @@ def serve_load(
         if url is None:
             name = model or (DEFAULT_ACCEL_MODEL if accel else DEFAULT_CPU_MODEL)
             port = free_port()
-            max_len = defaults.server_max_len(wl.max_context)
-            cmd = serve_command(name, max(levels), max_len, port)
-            server_meta |= {"model": name, "command": cmd, "max_slots": max(levels), "max_len": max_len}
+            max_len = defaults.server_max_len(max_context)
+            cmd = serve_command(name, slots, max_len, port, prefill_policy)
+            server_meta |= {"model": name, "command": cmd, "max_slots": slots, "max_len": max_len}
             console.print(
                 f"  starting server: model {name} ({'accelerator' if accel else 'CPU: small synthetic'}), port {port}"
             )
@@ -222,11 +320,28 @@ def serve_load(
             timeout_s=timeout,
             slo=objectives,
             api_key=api_key,
+            metrics_period_s=metrics_interval,
         )
         from harness.load.progress import LiveProgress
 
+        finder = None
+        if search is not None:
+            from harness.load.find_max import FindMax, plan_predictor
+
+            predict, basis = plan_predictor(server_meta, plan_target, plan_profile, cfg.workload.api, accel)
+            console.print(f"  prediction: {basis}", soft_wrap=True)
+            finder = FindMax(cfg, search, server, predict, basis)
         with LiveProgress(console) as progress:
-            result = run_load(cfg, server, progress.level_start, progress.record)
+            if replay is not None:
+                from harness.load.replay import run_trace
+
+                progress.level_start(0, replay.num_requests, label="trace")
+                result = run_trace(cfg, replay, server, progress.record)
+            elif finder is not None:
+                finder.on_level_start, finder.on_record = progress.level_start, progress.record
+                result = finder.run()
+            else:
+                result = run_load(cfg, server, progress.level_start, progress.record)
     except ServerError as e:
         console.print(f"[red]server error:[/red] {e}\n  run folder: {run_dir}")
         raise typer.Exit(2) from None
@@ -237,7 +352,8 @@ def serve_load(
     for note in result.notes:
         console.print(f"  {note}")
     meta = {"run_id": run_dir.name, "argv": ["g4bench", *sys.argv[1:]], "model_name": served,
-            "server": server_meta, "env": host_env(cfg.workload.__dict__)}  # fmt: skip
+            "server": server_meta, "env": host_env(cfg.workload.__dict__),
+            "search": finder.block if finder is not None else None}  # fmt: skip
     if engine_baseline and not result.interrupted:
         from harness.load.decode_ratio import engine_baseline as measure
         from harness.load.decode_ratio import server_kv_len
@@ -249,6 +365,10 @@ def serve_load(
         )
         meta["engine_baseline"] = measure(name, max(levels), last) | {"kv_len_first": first}
     summary = write_run(result, run_dir, meta)
+    if finder is not None:
+        from harness.load.find_max import write_search
+
+        summary["plots"] += [str(p) for p in write_search(finder.block, run_dir)]
     print_closing(console, summary, run_dir)
     if result.interrupted:
         raise typer.Exit(130)

@@ -24,7 +24,7 @@ concurrency whose attainment stays ≥ the target (0.9) at it and every lower le
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -199,8 +199,9 @@ def by_turn(records: Sequence[RequestRecord]) -> list[dict[str, Any]]:
     return rows
 
 
-def task_table(records: Sequence[RequestRecord], turns: int, slo: SLO) -> list[dict[str, Any]]:
-    """One row per task: turns done, ok, completion time, whether every turn and the task met the SLO."""
+def task_table(records: Sequence[RequestRecord], turns: int | Mapping[int, int], slo: SLO) -> list[dict[str, Any]]:
+    """One row per task: turns done, ok, completion time, whether every turn and the task met the SLO.
+    `turns`: every task's turn count, or each task id's (session traces)."""
     groups: dict[int, list[RequestRecord]] = defaultdict(list)
     for r in records:
         if r.task_id is not None:
@@ -208,7 +209,8 @@ def task_table(records: Sequence[RequestRecord], turns: int, slo: SLO) -> list[d
     rows = []
     for task_id in sorted(groups):
         rs = sorted(groups[task_id], key=lambda r: r.send_s)
-        ok = len(rs) == turns and all(r.ok for r in rs)
+        expected = turns if isinstance(turns, int) else turns.get(task_id, len(rs))
+        ok = len(rs) == expected and all(r.ok for r in rs)
         done_ms = (rs[-1].end_s - rs[0].send_s) * 1e3 if ok and rs[-1].end_s is not None else None
         turns_good = ok and all(is_good(r, slo) for r in rs)
         task_ok = slo.task_e2e_ms is None or (done_ms is not None and done_ms <= slo.task_e2e_ms)

@@ -31,9 +31,9 @@ class LiveProgress:
     def __exit__(self, *exc: Any) -> None:
         self.progress.__exit__(*exc)
 
-    def level_start(self, conc: int, expected: int | None) -> None:
+    def level_start(self, conc: int, expected: int | None, label: str | None = None) -> None:
         self.failed, self.ttfts = 0, []
-        self.task = self.progress.add_task(f"c={conc}", total=expected, info="")
+        self.task = self.progress.add_task(label or f"c={conc}", total=expected, info="")
 
     def record(self, rec: RequestRecord) -> None:
         if rec.ok and rec.chunk_times:

@@ -7,7 +7,11 @@ results/<run-id>/
                   env) + one block per concurrency level with vLLM's field names + capacity
   results.jsonl   one harness record (kind "serve-load") per level, so `g4bench gate` can compare runs
   summary.csv     those records flattened (harness.results.write_summary)
+  metrics.jsonl   the server's /metrics every period (server_metrics.py), or one line saying it
+                  was unavailable; plots/timeline.png draws it against time beside client latencies
   command.txt, env.json, plots/*.png|svg
+Trace replays add a `trace` block to the run (schedule fidelity, implied vs server-reported cache
+reuse; replay.py) and `g4bench serve-load --find-max` a `search` block (search.py).
 Partial runs (server died, Ctrl-C) are written the same way with `partial: true` and the reason.
 """
 
@@ -51,16 +55,17 @@ def level_summary(level: LevelResult, result: RunResult) -> dict[str, Any]:
     out: dict[str, Any] = {
         "concurrency": level.concurrency,
         "max_concurrency": level.concurrency,
-        "request_rate": cfg.rate if math.isfinite(cfg.rate) else "inf",
+        "request_rate": _rate(level.rate if level.rate is not None else cfg.rate),
         "burstiness": cfg.burstiness,
         "partial": level.partial_reason is not None,
+        "start_s": level.start_s,
     }
     out |= metrics.summarize_requests(recs, level.duration_s, cfg.slo)
     out |= decode_window(recs, level.concurrency)
     block, _ = checks.run_checks(recs)
     out["checks"] = block
-    if cfg.workload.kind != "fixed":
-        tasks = metrics.task_table(recs, cfg.workload.turns_per_task, cfg.slo)
+    if not cfg.workload.single_request:
+        tasks = metrics.task_table(recs, cfg.task_turns or cfg.workload.turns_per_task, cfg.slo)
         out |= metrics.summarize_tasks(tasks, level.duration_s)
         out["few_samples"] |= out.pop("task_few_samples")
         out["by_turn"] = metrics.by_turn(recs)
@@ -78,7 +83,7 @@ def build_summary(result: RunResult, meta: dict[str, Any]) -> dict[str, Any]:
     """The whole summary.json document (`meta`: model_name, url, server, argv, env, run_id)."""
     cfg = result.cfg
     levels = [level_summary(lv, result) for lv in result.levels]
-    agent = cfg.workload.kind != "fixed"
+    agent = not cfg.workload.single_request
     att_key = "task_slo_attainment" if agent else "slo_attainment"
     cap = metrics.max_concurrency_at_attainment(
         [(lv["concurrency"], lv.get(att_key)) for lv in levels if not lv["partial"]],
@@ -90,7 +95,8 @@ def build_summary(result: RunResult, meta: dict[str, Any]) -> dict[str, Any]:
         "model_name": meta.get("model_name"),
         "base_url": cfg.base_url,
         "server": meta.get("server"),
-        "workload": cfg.workload.__dict__ | {"max_context": cfg.workload.max_context},
+        "workload": cfg.workload.__dict__
+        | {"max_context": (result.trace or {}).get("max_context", cfg.workload.max_context)},
         "concurrencies": cfg.concurrencies,
         "num_tasks_per_level": cfg.num_tasks,
         "duration_s_per_level": cfg.duration_s,
@@ -103,7 +109,12 @@ def build_summary(result: RunResult, meta: dict[str, Any]) -> dict[str, Any]:
         "notes": result.notes,
         "env": meta.get("env"),
         "ttft_definition": "send -> first chunk with generated output (role-only chunks excluded)",
+        "server_metrics": result.server_metrics_block,
     }
+    if result.trace is not None:
+        run["trace"] = result.trace
+    if meta.get("search") is not None:
+        run["search"] = meta["search"]
     baseline = meta.get("engine_baseline")
     if baseline is not None and not is_failure(baseline):
         for lv in levels:
@@ -126,7 +137,7 @@ def request_rows(result: RunResult) -> list[dict[str, Any]]:
     for lv in result.levels:
         _, states = checks.run_checks(lv.records)
         for r in lv.records:
-            row = {"concurrency": lv.concurrency} | r.to_json()
+            row = {"concurrency": lv.concurrency, "level_start_s": lv.start_s} | r.to_json()
             row |= {
                 "ttft_ms": metrics.ttft_ms(r),
                 "tpot_ms": metrics.tpot_ms(r),
@@ -155,11 +166,13 @@ def level_record(
         "workload": run["workload"],
         "model_name": run["model_name"],
         "concurrency": level["concurrency"],
-        "request_rate": run["request_rate"],
+        "request_rate": level["request_rate"],
         "burstiness": run["burstiness"],
         "slo": run["slo"],
     }
     name = f"{run['workload']['kind']}-c{level['concurrency']}"
+    if (run.get("search") or {}).get("mode") == "rate":  # every probe at one concurrency cap
+        name += f"-r{level['request_rate']:g}"
     gate = {k: {"direction": d} for k, d in GATE_METRICS.items() if fields.get(k) is not None}
     return make_record("serve-load", name, run_id=run_id, env=env, config=config, gate_metrics=gate, **fields)
 
@@ -186,10 +199,28 @@ def write_run(result: RunResult, out: Path, meta: dict[str, Any]) -> dict[str, A
         append_record(out, rec)
     if records:
         write_summary(out, records)
-    from harness.load.plots import write_plots
+    write_metrics(result, out)
+    from harness.load.plots import write_plots, write_timeline
 
-    summary["plots"] = [str(p) for p in write_plots(summary, out / "plots")]
+    plots = write_plots(summary, out / "plots") + write_timeline(out, out / "plots")
+    summary["plots"] = [str(p) for p in plots]
     return summary
+
+
+def write_metrics(result: RunResult, out: Path) -> None:
+    """metrics.jsonl: one row per /metrics scrape, or one line saying why there are none."""
+    block = result.server_metrics_block
+    if block is None or block["status"] == "off":
+        return
+    with (out / "metrics.jsonl").open("w", encoding="utf-8") as fh:
+        if block["status"] != "ok":
+            fh.write(json.dumps({"available": False, "reason": block["reason"]}) + "\n")
+        for row in result.server_metrics:
+            fh.write(json.dumps(_clean(row), separators=(",", ":")) + "\n")
+
+
+def _rate(rate: float) -> float | str:
+    return rate if math.isfinite(rate) else "inf"
 
 
 def _fmt(v: Any, nd: int | None = None) -> str:
@@ -231,7 +262,7 @@ def summary_tables(summary: dict[str, Any]) -> list[Any]:
             _fmt(lv.get("slo_attainment"), 2)] for lv in levels]  # fmt: skip
     cols = ["conc", "done/\nfailed", "output\ntok/s", "decode\ntok/s*", "goodput\nreq/s", "SLO\nattain"]
     tables.append(_table("throughput (* while every stream decodes)", cols, thr))
-    if run["workload"]["kind"] != "fixed":
+    if run["workload"]["kind"] not in ("fixed", "trace"):
         agent = []
         for lv in levels:
             done = lv.get("median_task_completion_ms")
@@ -301,9 +332,46 @@ def print_closing(console: Any, summary: dict[str, Any], run_dir: Path) -> None:
                 f"{_fmt(lv.get('engine_decode_tok_per_s'))} tok/s = {_fmt(lv.get('server_over_engine_decode'), 3)} "
                 f"(goal ≥ {GOAL:g})"
             )
+    print_trace(console, summary["run"])
+    if summary["run"].get("search") is not None:
+        from harness.load.find_max import print_search
+
+        print_search(console, summary["run"]["search"])
     cap = summary["capacity"]
-    console.print(
-        f"  capacity: largest concurrency with {cap['basis']} ≥ {cap['attainment_target']:g}: "
-        f"{cap['max_concurrency_at_attainment']}"
-    )
+    if summary["run"].get("trace") is None:  # a trace's one level says nothing about concurrency
+        console.print(
+            f"  capacity: largest concurrency with {cap['basis']} ≥ {cap['attainment_target']:g}: "
+            f"{cap['max_concurrency_at_attainment']}"
+        )
     console.print(f"  run folder: {run_dir}", soft_wrap=True)  # one line, copyable
+
+
+def _pct(v: float | None) -> str:
+    return "—" if v is None else f"{v * 100:.1f}%"
+
+
+def print_trace(console: Any, run: dict[str, Any]) -> None:
+    """Trace replays: answered, schedule fidelity, implied vs reported cache; and the /metrics line."""
+    tr = run.get("trace")
+    if tr is not None:
+        lat = tr["schedule_lateness_ms"]
+        console.print(
+            f"  trace {tr['path']} ({tr['format']}, {tr['requests']} requests over {tr['span_s']:.1f} s): "
+            f"{tr['answered']}/{tr['requests']} answered; schedule fidelity (send − trace time) p50 "
+            f"{_fmt(lat['p50'], 2)} / p99 {_fmt(lat['p99'], 2)} / max {_fmt(lat['max'], 2)} ms",
+            soft_wrap=True,
+        )
+        console.print(
+            f"  cache the trace implies: {_pct(tr['implied_repeated_fraction'])} of prompt tokens in repeated "
+            f"blocks, {_pct(tr['implied_prefix_fraction'])} in shared leading blocks (prefix-cacheable); server "
+            f"reported cached {_pct(tr['server_cached_fraction'])} over {tr['server_cached_requests']} requests",
+            soft_wrap=True,
+        )
+    sm = run.get("server_metrics")
+    if sm is not None and sm["status"] == "ok":
+        console.print(
+            f"  server /metrics ({sm['source']}): {sm['samples']} samples every {sm['period_s']:g} s, "
+            f"{sm['scrape_errors']} failed → metrics.jsonl, plots/timeline.png"
+        )
+    elif sm is not None and sm["status"] != "off":
+        console.print(f"  [yellow]server /metrics unavailable: {sm['reason']}; the run went on without it[/yellow]")

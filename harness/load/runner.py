@@ -12,7 +12,12 @@
 4. Liveness: after any connection-level failure the runner asks whether the server is still up; if
    not, it stops sending, keeps what it has and marks the run `partial` with the reason. Ctrl-C does
    the same ("interrupted") before re-raising.
-5. report.py writes the run folder from the `RunResult`.
+5. Server metrics: beside the levels, server_metrics.py scrapes /metrics every `metrics_period_s`
+   (ours or vLLM's names); the rows and their status land in the `RunResult` (metrics.jsonl).
+6. report.py writes the run folder from the `RunResult`.
+
+replay.py (`--trace`) and find_max.py (`--find-max`) reuse these pieces: the client, the transport
+probe and the scraper, with their own schedule of requests or levels.
 
 `--workload tools` runs tool_workload.py's `ToolTask`s (forced tool calls over chat, tool results
 appended as `tool` messages); each level keeps one `ToolCallStats`, whose parse / validation rates
@@ -32,6 +37,7 @@ import httpx
 
 from harness.load.client import RequestRecord, RequestSpec, stream_request
 from harness.load.server import ManagedServer, alive
+from harness.load.server_metrics import MetricsScraper
 from harness.load.slo import SLO
 from harness.load.tool_workload import ToolCallStats, ToolTask, ToolWorkloadConfig
 from harness.load.workloads import Api, Task, WorkloadConfig, arrival_times, make_tasks
@@ -50,6 +56,9 @@ class LoadConfig:
     timeout_s: float = 600.0
     slo: SLO = field(default_factory=SLO)
     api_key: str | None = None
+    task_id_offset: int = 0  # added to every task id (levels of one concurrency never share prompts)
+    metrics_period_s: float = 1.0  # scrape /metrics this often (server_metrics.py); ≤ 0: off
+    task_turns: dict[int, int] | None = None  # session traces: turns of each task id (else the workload's)
 
 
 @dataclass
@@ -59,6 +68,8 @@ class LevelResult:
     duration_s: float
     partial_reason: str | None = None
     tool_calls: dict | None = None  # tools workload: ToolCallStats.summary()
+    start_s: float = 0.0  # when the level began, s from the run's start (its records count from here)
+    rate: float | None = None  # open loop: this level's arrival rate, when it differs from cfg.rate
 
 
 @dataclass
@@ -68,6 +79,9 @@ class RunResult:
     partial_reason: str | None = None
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False
+    server_metrics: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl rows
+    server_metrics_block: dict[str, Any] | None = None  # MetricsScraper.block()
+    trace: dict[str, Any] | None = None  # trace replays: replay.trace_block()
 
 
 def level_tasks(cfg: LoadConfig, conc: int) -> int | None:
@@ -106,7 +120,7 @@ class _Level:
         self.next_id = 0
         # Task ids (the seeds of their prompts) are distinct per concurrency level, so a level never
         # finds the previous level's conversations resident in the server's prefix cache.
-        self.id_base = conc * 1_000_000
+        self.id_base = conc * 1_000_000 + cfg.task_id_offset
         self.limit = level_tasks(cfg, conc)
         self.t0 = time.perf_counter()
         self.tool_stats = ToolCallStats() if cfg.workload.kind == "tools" else None
@@ -219,11 +233,42 @@ async def _run_level(cfg: LoadConfig, conc: int, client: httpx.AsyncClient, serv
     return LevelResult(conc, records, duration, level.partial_reason, tools)
 
 
+def make_client(cfg: LoadConfig, max_connections: int) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(cfg.timeout_s, connect=10.0))
+
+
+def auth_headers(cfg: LoadConfig) -> dict[str, str] | None:
+    return {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
+
+
+async def resolve_api(client: httpx.AsyncClient, cfg: LoadConfig, result: RunResult) -> None:
+    """`api="auto"`: probe once and fix the transport in `cfg.workload` (noted in the result)."""
+    if cfg.workload.api != "auto":
+        return
+    api = await probe_api(client, cfg, auth_headers(cfg))
+    result.notes.append(
+        f"transport: {api} (probed: server {'returns' if api == 'tokens' else 'does not return'} token_ids)"
+    )
+    cfg.workload = replace(cfg.workload, api=api)
+
+
+def scraper_for(client: httpx.AsyncClient, cfg: LoadConfig, origin: float) -> MetricsScraper:
+    return MetricsScraper(client, cfg.base_url, cfg.metrics_period_s, lambda: time.perf_counter() - origin,
+                          auth_headers(cfg))  # fmt: skip
+
+
+def keep_metrics(result: RunResult, scraper: MetricsScraper) -> None:
+    result.server_metrics.extend(scraper.rows)
+    result.server_metrics_block = scraper.block()
+
+
 def run_load(
     cfg: LoadConfig,
     server: ManagedServer | None = None,
     on_level_start: Callable[[int, int | None], None] | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
+    origin: float | None = None,
 ) -> RunResult:
     """Run every concurrency level; always returns what was measured (see module docstring).
 
@@ -231,39 +276,37 @@ def run_load(
     it and then exit with 130.
 
     `server` is the self-started child (for liveness); `on_level_start(conc, expected_requests)` and
-    `on_record(record)` feed the live progress display.
+    `on_record(record)` feed the live progress display. `origin` (a perf_counter reading, default now)
+    is time zero of the levels' `start_s` and of the /metrics rows, so several calls share one clock.
     """
     result = RunResult(cfg)
     current: list[RequestRecord] = []
     started: dict[str, Any] = {}
+    t_origin = time.perf_counter() if origin is None else origin
 
     async def main() -> None:
-        limits = httpx.Limits(
-            max_connections=max(cfg.concurrencies) + 4, max_keepalive_connections=max(cfg.concurrencies) + 4
-        )
-        timeout = httpx.Timeout(cfg.timeout_s, connect=10.0)
-        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-            headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
-            api = cfg.workload.api
-            if api == "auto":
-                api = await probe_api(client, cfg, headers)
-                result.notes.append(
-                    f"transport: {api} (probed: server {'returns' if api == 'tokens' else 'does not return'} token_ids)"
-                )
-                cfg.workload = replace(cfg.workload, api=api)
-            for conc in cfg.concurrencies:
-                n = level_tasks(cfg, conc)
-                expected = n * cfg.workload.turns_per_task if n is not None else None
-                if on_level_start:
-                    on_level_start(conc, expected)
-                current.clear()
-                started["t"], started["conc"] = time.perf_counter(), conc
-                level = await _run_level(cfg, conc, client, server, on_record or (lambda r: None), current)
-                result.levels.append(replace(level, records=list(current)))
-                current.clear()
-                if level.partial_reason:
-                    result.partial_reason = level.partial_reason
-                    return
+        async with make_client(cfg, max(cfg.concurrencies) + 4) as client:
+            await resolve_api(client, cfg, result)
+            async with scraper_for(client, cfg, t_origin) as scraper:
+                try:
+                    await levels(client)
+                finally:
+                    keep_metrics(result, scraper)
+
+    async def levels(client: httpx.AsyncClient) -> None:
+        for conc in cfg.concurrencies:
+            n = level_tasks(cfg, conc)
+            expected = n * cfg.workload.turns_per_task if n is not None else None
+            if on_level_start:
+                on_level_start(conc, expected)
+            current.clear()
+            started["t"], started["conc"] = time.perf_counter(), conc
+            level = await _run_level(cfg, conc, client, server, on_record or (lambda r: None), current)
+            result.levels.append(replace(level, records=list(current), start_s=started["t"] - t_origin))
+            current.clear()
+            if level.partial_reason:
+                result.partial_reason = level.partial_reason
+                return
 
     try:
         asyncio.run(main())
@@ -271,5 +314,5 @@ def run_load(
         result.partial_reason, result.interrupted = "interrupted (Ctrl-C)", True
         if current:
             result.levels.append(LevelResult(started["conc"], list(current), time.perf_counter() - started["t"],
-                                             result.partial_reason))  # fmt: skip
+                                             result.partial_reason, start_s=started["t"] - t_origin))  # fmt: skip
     return result

@@ -47,12 +47,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def serve_command(model: str, max_slots: int, max_len: int, port: int) -> list[str]:
+def serve_command(
+    model: str, max_slots: int, max_len: int, port: int, prefill_policy: str | None = None
+) -> list[str]:
     """The child command line: `g4bench.server.launch` run with a `LaunchSpec` (by value, not by the
     serve command's flag names), loopback only."""
     from g4bench.server.launch import LaunchSpec
 
-    spec = LaunchSpec(model=model, max_slots=max_slots, max_len=max_len, host="127.0.0.1", port=port)
+    spec = LaunchSpec(model=model, max_slots=max_slots, max_len=max_len, host="127.0.0.1", port=port,
+                      prefill_policy=prefill_policy)  # fmt: skip
     return [sys.executable, "-m", "g4bench.server.launch", spec.to_json()]
 
 

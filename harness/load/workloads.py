@@ -39,7 +39,8 @@ import numpy as np
 
 from harness.load.client import RequestRecord, RequestSpec
 
-Kind = Literal["fixed", "agent", "shared-prefix", "tools"]  # tools: harness/load/tool_workload.py
+# tools: harness/load/tool_workload.py; trace (Mooncake rows) and sessions (agent sessions): trace.py
+Kind = Literal["fixed", "agent", "shared-prefix", "tools", "trace", "sessions"]
 Api = Literal["auto", "tokens", "chat"]  # "auto": the runner probes and picks one
 # Token ids drawn for synthetic prompts: printable ASCII in the synthetic tokenizer (char c -> ord(c)+3),
 # ordinary ids in any real vocabulary too.
@@ -71,8 +72,13 @@ class WorkloadConfig:
         return self.kind == "shared-prefix" and self.lead_agent and self.prefix_len > 0
 
     @property
+    def single_request(self) -> bool:
+        """Every task is one request (no per-task or per-turn metrics)."""
+        return self.kind in ("fixed", "trace")
+
+    @property
     def turns_per_task(self) -> int:
-        return 1 if self.kind == "fixed" else self.turns
+        return 1 if self.single_request else self.turns
 
     @property
     def max_context(self) -> int:

@@ -124,7 +124,7 @@ class _Level:
             return None
         if limit is None and math.isinf(self.cfg.rate) and self.clock.now >= (self.cfg.duration_s or 0.0):
             return None
-        task = make_tasks(self.cfg.workload, 1, first_id=self.conc * 1_000_000 + self.started)[0]
+        task = make_tasks(self.cfg.workload, 1, first_id=self.conc * 1_000_000 + self.cfg.task_id_offset + self.started)[0]
         self.started += 1
         return task
 
@@ -185,7 +185,7 @@ class _Level:
             self.start_task(task, at, t)
 
     def _open_task(self) -> Task:
-        task = make_tasks(self.cfg.workload, 1, first_id=self.conc * 1_000_000 + self.started)[0]
+        task = make_tasks(self.cfg.workload, 1, first_id=self.conc * 1_000_000 + self.cfg.task_id_offset + self.started)[0]
         self.started += 1
         return task
 

@@ -39,6 +39,8 @@ def load_measured(run_dir: Path) -> dict[str, Any]:
     server = summary["run"].get("server") or {}
     if not server.get("self_started") or "max_slots" not in server:
         raise ValidateError(f"{run_dir}: server settings unknown (--url run); cannot rebuild its engine")
+    if summary["run"]["workload"].get("kind") in ("trace", "sessions"):
+        raise ValidateError(f"{run_dir}: a trace replay; the simulator reproduces serve-load's own workloads")
     if summary["run"]["workload"].get("api") != "tokens":
         raise ValidateError(f"{run_dir}: chat transport; the simulator reproduces token-id runs only")
     return summary
@@ -46,11 +48,9 @@ def load_measured(run_dir: Path) -> dict[str, Any]:
 
 def setup_from(summary: dict[str, Any]) -> tuple[Any, Any]:
     """(LoadConfig, ServerShape) of a measured run."""
-    from g4bench.server.launch import LaunchSpec
     from harness.load.runner import LoadConfig
     from harness.load.slo import SLO
     from harness.load.workloads import WorkloadConfig
-    from harness.sim.simulate import ServerShape
 
     run, server = summary["run"], summary["run"]["server"]
     wl = {k: v for k, v in run["workload"].items() if k != "max_context"}
@@ -63,16 +63,24 @@ def setup_from(summary: dict[str, Any]) -> tuple[Any, Any]:
         tasks_per_conc=_tasks_per_conc(summary), rate=math.inf if rate == "inf" else float(rate),
         burstiness=float(run["burstiness"]), slo=SLO(**slo),
     )  # fmt: skip
+    return cfg, shape_from_server(server)
+
+
+def shape_from_server(server: dict[str, Any]) -> Any:
+    """The ServerShape of serve-load's self-started server (its `server` block: model, max_slots,
+    max_len and the launch command, whose last argument is the LaunchSpec JSON)."""
+    from g4bench.server.launch import LaunchSpec
+    from harness.sim.simulate import ServerShape
+
     cmd = server.get("command") or []
     launched = cmd and str(cmd[-1]).startswith("{")
     spec = LaunchSpec.from_json(cmd[-1]) if launched else LaunchSpec()
     # a server launched before the mixed step existed ran one prefill chunk per loop turn
     policy = spec.prefill_policy or ("chunk" if launched and "prefill_policy" not in cmd[-1] else None)
-    shape = ServerShape(model=server["model"], max_slots=int(server["max_slots"]), max_len=int(server["max_len"]),
-                        kv_dtype=spec.kv_dtype, sliding_kv=spec.sliding_kv, chunk_size=spec.chunk_size,
-                        kv_layout=spec.kv_layout, cached_windows=spec.cached_windows, max_waiting=spec.max_waiting,
-                        max_batched_tokens=spec.max_batched_tokens, prefill_policy=policy)  # fmt: skip
-    return cfg, shape
+    return ServerShape(model=server["model"], max_slots=int(server["max_slots"]), max_len=int(server["max_len"]),
+                       kv_dtype=spec.kv_dtype, sliding_kv=spec.sliding_kv, chunk_size=spec.chunk_size,
+                       kv_layout=spec.kv_layout, cached_windows=spec.cached_windows, max_waiting=spec.max_waiting,
+                       max_batched_tokens=spec.max_batched_tokens, prefill_policy=policy)  # fmt: skip
 
 
 def _tasks_per_conc(summary: dict[str, Any]) -> int:
