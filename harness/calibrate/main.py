@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.calibrate.steptime import COEFFS, FEATURES, Profile, StepModel, features_of, predict_ms
+from harness.calibrate.steptime import COEFFS, FEATURES, PROGRAMS, Profile, StepModel, features_of, predict_ms
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "configs" / "profiles"
 P_GRID = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
@@ -159,6 +159,19 @@ def _stats(prefix: str, err: np.ndarray) -> dict[str, float]:
     return {f"{prefix}_median_abs_pct": float(np.median(a)), f"{prefix}_max_abs_pct": float(a.max())}
 
 
+# each rate coefficient and the feature it multiplies (logits stream at the KV rate: not its own)
+TERM_FEATURE = {"weights_ms_per_gb": "weights_gb", "linear_ms_per_tflop": "linear_tflop",
+                "kv_ms_per_gb": "kv_gb", "attention_ms_per_tflop": "attention_tflop"}  # fmt: skip
+UNRESOLVED_SHARE = 0.01  # a term under 1% of every fit step: its rate is not measured by these points
+
+
+def _term_max_share(th: np.ndarray, feats: dict[str, np.ndarray], y: np.ndarray) -> dict[str, float]:
+    """Per rate coefficient, the largest fraction of a fit point's measured time its term alone
+    would take; a rate whose term never reaches UNRESOLVED_SHARE is a fitting artefact, not a speed."""
+    coef = dict(zip(COEFFS, (float(x) for x in th), strict=True))
+    return {c: float(np.max(coef[c] * feats[f] / y)) for c, f in TERM_FEATURE.items()}
+
+
 def fit_model(
     fit: list[Point], holdout: Sequence[Point] = (), p_grid: tuple[float, ...] = P_GRID
 ) -> StepModel:
@@ -174,6 +187,7 @@ def fit_model(
     err = (predict_ms(th, p, feats) - y) / y * 100
     v: dict[str, Any] = {"n_fit": len(fit), **_stats("fit", err), **_stats("loo", loo_by_p[p])}
     v["loo_median_abs_pct_by_p"] = {str(q): float(np.median(np.abs(e))) for q, e in loo_by_p.items()}
+    v["term_max_share"] = _term_max_share(th, feats, y)
     if holdout:
         hf, hy = _arrays(list(holdout))
         v.update({"n_holdout": len(holdout), **_stats("holdout", (predict_ms(th, p, hf) - hy) / hy * 100)})
@@ -299,7 +313,7 @@ def load_profile(device_or_path: str | Path) -> Profile | None:
         return None
     data = tomllib.loads(path.read_text(encoding="utf-8"))
     progs: dict[str, StepModel] = {}
-    for prog in ("decode", "prefill"):
+    for prog in PROGRAMS:
         if prog in data:
             d = data[prog]
             progs[prog] = StepModel(
@@ -422,17 +436,21 @@ def print_profile(
     from rich.table import Table
 
     m = profile.programs[program]
-    r = m.rates()
-    weights = (
-        "absorbed into the constant"
-        if m.coef["weights_ms_per_gb"] < 1e-6
-        else f"{r['weights_gb_per_s']:.0f} GB/s"
-    )
+    r, share = m.rates(), m.validation.get("term_max_share", {})
+
+    def rate(coef: str, key: str, unit: str, fmt: str) -> str:
+        if m.coef[coef] < 1e-6 or r[key] is None:
+            return "absorbed into the constant"
+        if share.get(coef, 1.0) < UNRESOLVED_SHARE:
+            return f"not resolved by these points (< {UNRESOLVED_SHARE:.0%} of every fit step)"
+        return f"{r[key]:{fmt}} {unit}"
+
     console.print(
         f"[bold]{profile.device} {program} step model[/bold] (overlap p = {m.overlap_p:g}, chosen by LOO on the fit points): "
-        f"constant {m.coef['const_ms']:.2f} ms; KV + logits stream {r['kv_gb_per_s'] or 0:.0f} GB/s; "
-        f"linears {r['linear_tflop_per_s'] or 0:.0f} TFLOP/s; attention {r['attention_tflop_per_s'] or 0:.1f} TFLOP/s; "
-        f"weights stream {weights}",
+        f"constant {m.coef['const_ms']:.2f} ms; KV + logits stream {rate('kv_ms_per_gb', 'kv_gb_per_s', 'GB/s', '.3g')}; "
+        f"linears {rate('linear_ms_per_tflop', 'linear_tflop_per_s', 'TFLOP/s', '.3g')}; "
+        f"attention {rate('attention_ms_per_tflop', 'attention_tflop_per_s', 'TFLOP/s', '.3g')}; "
+        f"weights stream {rate('weights_ms_per_gb', 'weights_gb_per_s', 'GB/s', '.3g')}",
         soft_wrap=True,
     )
     v = m.validation

@@ -38,6 +38,7 @@ GB = 1e9
 TFLOP = 1e12
 COEFFS = ("const_ms", "weights_ms_per_gb", "linear_ms_per_tflop", "kv_ms_per_gb", "attention_ms_per_tflop")
 FEATURES = ("weights_gb", "linear_tflop", "kv_gb", "attention_tflop", "logits_gb")
+PROGRAMS = ("decode", "prefill", "mixed")  # the engine calls a profile may fit, each its own [section]
 
 
 def features_of(cost: Any) -> dict[str, float]:

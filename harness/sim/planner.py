@@ -70,6 +70,9 @@ def _band(profile: Any) -> str:
             if band is not None
             else f"{prog}: unvalidated"
         )
+    if "mixed" not in profile.programs:  # the served step's call: say what prices it and that no band covers it
+        rates = "prefill" if "prefill" in profile.programs else "decode"
+        parts.append(f"mixed: no mixed fit, priced with the [{rates}] rates, no validated band")
     return "; ".join(parts)
 
 

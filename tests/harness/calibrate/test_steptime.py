@@ -153,3 +153,38 @@ def test_v6e_prefill_refits_only_the_attention_rate():
     }
     assert pre.validation["n_fit"] == len(rows) == 3 and pre.error_band_pct is not None
     assert load_profile("tpu-v6e").model("prefill").coef == pytest.approx(pre.coef)
+
+
+def test_print_profile_marks_a_rate_the_points_do_not_resolve(v6e):
+    """A coefficient whose term stays under 1% of every fit step prints as unresolved, not as a
+    speed (a 0.006 ms/GB term read as 165,531 GB/s once); a resolved one prints its rate."""
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from harness.calibrate.main import print_profile
+
+    fit, _, model = v6e
+    share = model.validation["term_max_share"]
+    assert share["kv_ms_per_gb"] > 0.01  # bf16 KV at ctx 8192 is most of a v6e step
+    tiny = replace(model, coef={**model.coef, "linear_ms_per_tflop": 1e-5},
+                   validation={**model.validation, "term_max_share": {**share, "linear_ms_per_tflop": 1e-4}})  # fmt: skip
+    console = Console(record=True, width=400)
+    print_profile(Profile("dev", "g4bench", {"decode": tiny}), [], console)
+    text = console.export_text()
+    assert "linears not resolved by these points" in text
+    assert f"KV + logits stream {1e3 / model.coef['kv_ms_per_gb']:.3g} GB/s" in text
+
+
+def test_load_profile_reads_every_program_it_was_written_with(tmp_path, v6e):
+    """A profile written with decode, prefill and mixed models loads all three (plan once dropped
+    [mixed] and priced the served step with the prefill rates)."""
+    from harness.calibrate.steptime import PROGRAMS
+
+    _, _, model = v6e
+    prof = Profile("dev", "g4bench", {p: model for p in PROGRAMS})
+    path = tmp_path / "p.toml"
+    path.write_text(profile_toml(prof, {p: [] for p in PROGRAMS}), encoding="utf-8")
+    back = load_profile(str(path))
+    assert back is not None and set(back.programs) == set(PROGRAMS)
+    assert back.model("mixed").coef == pytest.approx(model.coef)

@@ -121,3 +121,15 @@ def test_plan_refuses_a_url_run(tmp_path):
     )
     res = CliRunner().invoke(app, ["plan", "--validate", str(run), "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "cannot rebuild" in res.output
+
+
+def test_error_band_line_names_every_program_the_served_step_calls():
+    """The v6e profile fits decode and prefill only: its band line says the mixed step is priced
+    with the prefill rates and carries no validated band; the local profile's quotes its own."""
+    from harness.sim.planner import resolve_target
+
+    v6e = next(a for a in resolve_target("tpu-v6e").assumptions if "error band" in a)
+    assert "decode: ±" in v6e and "prefill: ±" in v6e
+    assert "mixed: no mixed fit, priced with the [prefill] rates, no validated band" in v6e
+    local = next(a for a in resolve_target("local", model="small").assumptions if "error band" in a)
+    assert "mixed: ±" in local and "no mixed fit" not in local
