@@ -210,30 +210,6 @@ def simulator_predictor(shape: Any, pricer: Any) -> Callable[[LoadConfig], dict[
     return predict
 
 
-def print_search(console: Any, block: dict[str, Any]) -> None:
-    from harness.tables import fitted_table
-
-    def f(v: Any, nd: int = 0) -> str:
-        return "—" if v is None else f"{v:.{nd}f}" if isinstance(v, float) else str(v)
-
-    pred = block.get("predicted") is not None
-    cols = ["level", "attain", "TTFT p50", "TPOT p50"] + (["pred attain", "pred TTFT", "pred TPOT"] if pred else [])
-    rows = []
-    for r in sorted(block["probes"], key=lambda r: r["level"]):
-        row = [f"{r['level']:g}", f(r["attainment"], 2), f(r["median_ttft_ms"]), f(r["median_tpot_ms"])]
-        if pred:
-            row += [f(r.get("predicted_attainment"), 2), f(r.get("predicted_median_ttft_ms")),
-                    f(r.get("predicted_median_tpot_ms"))]  # fmt: skip
-        rows.append(row)
-    console.print(fitted_table(f"find-max · {block['settings']} · {block['basis']} ≥ {block['attainment_target']:g} "
-                               "(ms)", cols, rows))  # fmt: skip
-    m = block["measured"]
-    console.print(f"  [bold]measured max: {f(m['best'])}[/bold] ({m['reason']})", soft_wrap=True)
-    if pred:
-        p = block["predicted"]
-        console.print(f"  [bold]plan predicts: {f(p['best'])}[/bold] ({p['reason']}; {p['basis']})", soft_wrap=True)
-
-
 def settings_from(mode: str, bounds: str | None, levels: list[int], rel_tol: float, max_probes: int,
                   tasks: int | None) -> Settings:  # fmt: skip
     """The search settings from serve-load's flags; ValueError says what is wrong."""
