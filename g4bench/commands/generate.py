@@ -69,7 +69,8 @@ def generate(
 
     import numpy as np
 
-    from g4bench.engine.engine import Engine, EngineConfig
+    from g4bench.engine.engine import Engine
+    from g4bench.engine.engine_config import EngineConfig
     from g4bench.engine.loading import default_format, is_checkpoint, load_model
     from g4bench.engine.sampling import SamplingParams
     from g4bench.model.config import load_config

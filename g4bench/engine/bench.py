@@ -26,13 +26,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from g4bench.engine.engine import (
-    EngineConfig,
-    _decode_step,
-    default_tables,
-    platform_compute_dtype,
-    resolve_attention_block,
-)
+from g4bench.engine.engine import _decode_step, platform_compute_dtype, resolve_attention_block
+from g4bench.engine.engine_config import EngineConfig, default_tables
 from g4bench.engine.sampling import SamplingState
 from g4bench.model.config import ModelConfig, load_config
 from g4bench.model.kv_cache import CacheLayout, cache_bytes, cache_specs, init_cache

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import jax
 
-from g4bench.engine.engine import Engine, EngineConfig, platform_compute_dtype
+from g4bench.engine.engine import Engine, platform_compute_dtype
+from g4bench.engine.engine_config import EngineConfig
 from g4bench.model.checkpoint import load_checkpoint, to_device
 from g4bench.model.config import ModelConfig, load_config
 from g4bench.model.params import Params, WeightFormat, init_params

@@ -74,7 +74,7 @@ class ServedStep:
 
     def engine_config(self, *, max_slots: int, max_len: int, **extra: Any):
         """The EngineConfig that runs this step (extra: keep_logits, cached_windows, kv_blocks, ...)."""
-        from g4bench.engine.engine import EngineConfig
+        from g4bench.engine.engine_config import EngineConfig
 
         return EngineConfig(
             max_slots=max_slots,

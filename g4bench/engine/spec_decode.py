@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from g4bench.engine.engine import Engine, bucket_for, check_prefill
+from g4bench.engine.engine import Engine
+from g4bench.engine.engine_config import bucket_for, check_prefill
 from g4bench.engine.grammar import GrammarMatcher
 from g4bench.engine.speculative import accept_draft, probs_from_logits
 from g4bench.model.forward import forward

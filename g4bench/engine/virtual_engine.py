@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from g4bench.engine.engine import (
-    Engine,
+from g4bench.engine.engine import Engine
+from g4bench.engine.engine_config import (
     EngineConfig,
     bucket_for,
     check_prefill,

@@ -60,7 +60,7 @@ def measure_child(payload: dict[str, Any]) -> dict[str, Any]:
     from harness.isolate import configure_jax_cache
 
     configure_jax_cache()
-    from g4bench.engine.engine import EngineConfig, bucket_for
+    from g4bench.engine.engine_config import EngineConfig, bucket_for
     from g4bench.engine.loading import default_format, load_engine
     from g4bench.engine.sampling import SamplingParams
     from harness.env import device_info
@@ -110,7 +110,7 @@ def _mixed_shapes(engine: Any, k: int, timed: Any) -> list[dict[str, Any]]:
     SAMPLED_PER_STEP sampling)
     on the first slots, every other slot decoding at position k − 1 (every decode row is computed
     whatever the number active, so the shape is the row bucket)."""
-    from g4bench.engine.engine import bucket_for
+    from g4bench.engine.engine_config import bucket_for
     from g4bench.engine.mixed import SAMPLED_PER_STEP, Piece, piece_rows
     from g4bench.engine.sampling import SamplingParams
 

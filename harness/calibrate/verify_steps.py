@@ -59,7 +59,8 @@ def measure(model: str, ctx: int, batches: list[int], k: int, reps: int) -> dict
 
 def _measure_batch(cfg: Any, params: Any, dc: Any, dparams: Any, b: int, ctx: int, k: int, reps: int) -> dict:
     """Decode, batch verify and drafter step medians for batch `b` (see the module docstring)."""
-    from g4bench.engine.engine import Engine, EngineConfig
+    from g4bench.engine.engine import Engine
+    from g4bench.engine.engine_config import EngineConfig
     from g4bench.engine.spec_decode import Verifier
     from g4bench.model.config import FULL
     from g4bench.model.drafter import TargetKV, draft_step

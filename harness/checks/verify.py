@@ -109,7 +109,8 @@ def ours_logits(
     import jax
     import jax.numpy as jnp
 
-    from g4bench.engine.engine import Engine, EngineConfig
+    from g4bench.engine.engine import Engine
+    from g4bench.engine.engine_config import EngineConfig
     from g4bench.model.checkpoint import load_checkpoint, to_device
     from g4bench.model.forward import forward
     from g4bench.model.kv_cache import CacheLayout, init_cache

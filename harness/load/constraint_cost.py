@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from g4bench.engine.engine import EngineConfig
+from g4bench.engine.engine_config import EngineConfig
 from g4bench.engine.grammar import compile_grammar, piece_vocab
 from g4bench.engine.grammar_budget import budgeted, request_growth
 from g4bench.engine.loading import load_engine

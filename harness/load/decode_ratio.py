@@ -74,7 +74,7 @@ def decode_window(records: Sequence[RequestRecord], conc: int) -> dict[str, Any]
 def server_kv_len(max_len: int, first_pos: int, last_pos: int) -> tuple[int, int]:
     """The engine's KV buckets for decode positions first_pos..last_pos (as `Engine.decode` picks
     them): (bucket at the first, bucket at the last); equal when one bucket covers the window."""
-    from g4bench.engine.engine import EngineConfig, bucket_for
+    from g4bench.engine.engine_config import EngineConfig, bucket_for
 
     buckets = EngineConfig(max_len=max_len).kv_buckets
     return bucket_for(first_pos + 1, buckets), bucket_for(last_pos + 1, buckets)

@@ -74,7 +74,7 @@ class ServerShape:
     prefill_policy: str | None = None  # None: mixed when paged, as serve
 
     def engine_config(self) -> Any:
-        from g4bench.engine.engine import EngineConfig
+        from g4bench.engine.engine_config import EngineConfig
 
         return EngineConfig(max_slots=self.max_slots, max_len=self.max_len, kv_dtype=self.kv_dtype,
                             sliding_kv=self.sliding_kv, chunk_size=self.chunk_size, kv_layout=self.kv_layout,

@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from g4bench.engine.engine import Engine, EngineConfig
+from g4bench.engine.engine import Engine
+from g4bench.engine.engine_config import EngineConfig
 from g4bench.engine.sampling import SamplingParams
 from g4bench.model.config import load_config
 from g4bench.model.forward import forward

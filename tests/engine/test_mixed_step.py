@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from g4bench.engine.engine import EngineConfig
+from g4bench.engine.engine_config import EngineConfig
 from g4bench.engine.mixed import PIECE_TOKENS, Piece, pack, piece_rows, row_buckets
 from g4bench.engine.sampling import SamplingParams
 from g4bench.model.config import load_config

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from g4bench.engine.engine import EngineConfig
+from g4bench.engine.engine_config import EngineConfig
 from g4bench.engine.mixed import SAMPLED_PER_STEP
 from g4bench.engine.scheduler import GenerationParams, Scheduler
 from g4bench.engine.virtual_engine import EngineCall, VirtualClock, VirtualEngine

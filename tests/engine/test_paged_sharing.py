@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 from g4bench.engine.block_cache import BlockCache
-from g4bench.engine.engine import Engine, EngineConfig
+from g4bench.engine.engine import Engine
+from g4bench.engine.engine_config import EngineConfig
 from g4bench.engine.sampling import SamplingParams
 from g4bench.engine.scheduler import GenerationParams, Scheduler
 from g4bench.model.config import load_config

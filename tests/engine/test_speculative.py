@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from g4bench.engine.engine import Engine, EngineConfig
+from g4bench.engine.engine import Engine
+from g4bench.engine.engine_config import EngineConfig
 from g4bench.engine.spec_decode import ModelProposer, Verifier, speculative_generate
 from g4bench.engine.speculative import accept_draft, probs_from_logits
 from g4bench.model.config import load_config

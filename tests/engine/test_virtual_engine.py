@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from g4bench.engine.engine import Engine, EngineConfig
+from g4bench.engine.engine import Engine
+from g4bench.engine.engine_config import EngineConfig
 from g4bench.engine.scheduler import GenerationParams, Scheduler
 from g4bench.engine.virtual_engine import EngineCall, VirtualClock, VirtualEngine
 from g4bench.model.config import load_config

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from g4bench.engine.engine import Engine, EngineConfig
+from g4bench.engine.engine import Engine
+from g4bench.engine.engine_config import EngineConfig
 from g4bench.model.config import load_config
 from g4bench.model.kv_cache import CacheLayout, cache_specs, entry_dtypes
 from tests.engine.test_engine import random_params

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from g4bench.engine.engine import EngineConfig, default_tables
+from g4bench.engine.engine_config import EngineConfig, default_tables
 from g4bench.model.config import load_config
 from g4bench.model.forward import forward
 from g4bench.model.kv_cache import init_cache

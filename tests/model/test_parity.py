@@ -33,7 +33,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 
-from g4bench.engine.engine import Engine, EngineConfig  # noqa: E402
+from g4bench.engine.engine import Engine  # noqa: E402
+from g4bench.engine.engine_config import EngineConfig  # noqa: E402
 from g4bench.engine.sampling import SamplingParams  # noqa: E402
 from g4bench.model.checkpoint import detect_format, load_checkpoint, to_device  # noqa: E402
 from g4bench.model.config import CONFIG_DIR  # noqa: E402

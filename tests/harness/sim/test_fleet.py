@@ -80,7 +80,7 @@ def test_validation_rows_and_headline():
 
 
 def test_pricer_uses_each_programs_fit_and_says_so():
-    from g4bench.engine.engine import EngineConfig
+    from g4bench.engine.engine_config import EngineConfig
     from g4bench.model.config import load_config
     from g4bench.model.params import WeightFormat
     from harness.calibrate.steptime import COEFFS, Profile, StepModel

@@ -20,7 +20,7 @@ TRUTH = {
 
 def _engine_steps_run(root, name, slots, max_lens, noise=0.01):
     """An engine-steps folder whose steps follow TRUTH (what `g4bench engine-steps` writes)."""
-    from g4bench.engine.engine import EngineConfig
+    from g4bench.engine.engine_config import EngineConfig
     from harness.calibrate.engine_steps import KIND, cost_of
     from harness.calibrate.steptime import features_of, predict_ms
     from harness.env import host_env, merge_device
