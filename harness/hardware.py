@@ -49,6 +49,14 @@ class Hardware:
     jax_device_kinds: tuple[str, ...]
     figures: dict[str, Figure] = field(default_factory=dict)
     aot_topology: str | None = None
+    # a GPU's deviceless compile also needs XLA's GpuTargetConfig (a text proto beside the TOML)
+    aot_target_config: str | None = None
+
+    def target_config_text(self) -> str:
+        """The GpuTargetConfig text proto a deviceless CUDA compile targets (`aot_target_config`)."""
+        if not self.aot_target_config:
+            raise ValueError(f"{self.id}: no aot_target_config in its hardware definition")
+        return (HARDWARE_DIR / self.aot_target_config).read_text()
 
     def value(self, figure: str) -> float | None:
         """The figure's value, or None when unknown or measured at run time."""
@@ -93,6 +101,7 @@ def _parse(path: Path) -> Hardware:
         jax_device_kinds=tuple(data.get("jax_device_kinds", ())),
         figures=figures,
         aot_topology=data.get("aot_topology"),
+        aot_target_config=data.get("aot_target_config"),
     )
 
 

@@ -1,4 +1,4 @@
-"""`g4bench capacity`: bisected residency ceilings, run on the local device or compiled for a TPU target.
+"""`g4bench capacity`: bisected residency ceilings, run on the local device or compiled for a TPU or GPU target.
 
 Thin: maps options onto `harness.capacity.main.run_capacity`; exit 0 when every configuration was
 searched, 1 when some search stopped on a real error (recorded, the run went on), 2 on an
@@ -38,8 +38,8 @@ def capacity(
     target: Annotated[
         str,
         typer.Option(
-            help=f"{TARGET_HELP}: local runs on this device, a TPU is compiled for on this host (no TPU "
-            "needed); a GPU without a deviceless compile says so (run --target local on it)."
+            help=f"{TARGET_HELP}: local runs on this device; a TPU or GPU target is compiled for on this host "
+            "(no accelerator needed; a GPU target needs jax-cuda12-plugin installed, and says so)."
         ),
     ] = "local",
     layers: Annotated[
@@ -60,12 +60,13 @@ def capacity(
     ] = None,
     tol: Annotated[
         float | None,
-        typer.Option(help="Stop when hi − lo ≤ max(1, tol·lo). (default: 0.02 local, 0 = exact for a TPU target)"),
+        typer.Option(help="Stop when hi − lo ≤ max(1, tol·lo). (default: 0.02 local, 0 = exact for a compile target)"),
     ] = None,
     mem_limit_gib: Annotated[
         float | None,
         typer.Option(
-            help="Local: address-space cap per probe in GiB. (default: 75% of available RAM, printed)"
+            help="Local: address-space cap per probe in GiB (default: 75% of available RAM, printed); h100/h200: "
+            "the device memory a probe's compiled peak must fit (default: the hardware file's HBM figure)"
         ),
     ] = None,
     timeout: Annotated[
@@ -90,9 +91,9 @@ def capacity(
         ),
     ] = None,
 ) -> None:
-    """Find the largest decode batch that fits, by bisection (one fresh process per probe; within 2% locally, exact for a TPU target).
+    """Find the largest decode batch that fits, by bisection (one fresh process per probe; within 2% locally, exact for a compile target).
 
-    Local: each probe allocates the cache and runs the step under a memory cap; the measured ceiling is printed beside the ceiling predicted by compiling the same step for this device. TPU targets: each probe compiles for the chip's topology on this host (no TPU needed); the compiler's HBM OOM means "does not fit". Prints ceilings with the memory breakdown and step time, predicted ÷ reference (TPU v6e-1 measurements), donated ÷ copying, ring ÷ full, an agent-fleet admission table; each ceiling's step time from the target's step-time profile (configs/profiles; else the roofline lower bound), tok/s and $/M tokens, and with --tpot-ms the latency ceiling beside the memory one; writes results.jsonl, summary.csv, admission.csv, plots/ to the run folder.
+    Local: each probe allocates the cache and runs the step under a memory cap; the measured ceiling is printed beside the ceiling predicted by compiling the same step for this device. TPU targets: each probe compiles for the chip's topology on this host (no TPU needed); the compiler's HBM OOM means "does not fit". GPU targets (h100, h200): each probe compiles for XLA's description of the part on this host (jax-cuda12-plugin, no GPU); XLA:GPU never refuses for memory, so a probe fits when its compiled peak is within the limit. Prints ceilings with the memory breakdown and step time, predicted ÷ reference (TPU v6e-1 measurements), donated ÷ copying, ring ÷ full, an agent-fleet admission table; each ceiling's step time from the target's step-time profile (configs/profiles; else the roofline lower bound), tok/s and $/M tokens, and with --tpot-ms the latency ceiling beside the memory one; writes results.jsonl, summary.csv, admission.csv, plots/ to the run folder.
     """
     import sys
 

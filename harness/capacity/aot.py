@@ -38,6 +38,11 @@ from pathlib import Path
 from typing import Any
 
 COMPILE_TARGET = "harness.capacity.aot:compile_child"
+# Why a GPU target's step is plain JAX (recorded with every GPU probe).
+GPU_ATTENTION_NOTE = (
+    "plain JAX attention: jax.experimental.pallas.ops.gpu paged_attention / decode_attention are not "
+    "wired to the engine's block pools (two pools per layer, int8 per-token scales, ring windows)"
+)
 # libtpu takes /tmp/libtpu_lockfile even for compile-only devices, so without the last variable a
 # second compiling process (a test, another run) fails with "Internal error when accessing libtpu
 # multi-process lockfile". Compile-only children hold no chip, so sharing is safe.
@@ -215,7 +220,10 @@ def target_device(target: str) -> tuple[Any, dict[str, Any]]:
         raise ValueError(
             f"{target}: no aot_topology in its hardware definition; cannot compile for it offline"
         )
-    topo = topologies.get_topology_desc(hw.aot_topology, platform=hw.platform)
+    if hw.platform == "gpu":
+        topo = cuda_topology(hw)
+    else:
+        topo = topologies.get_topology_desc(hw.aot_topology, platform=hw.platform)
     dev = topo.devices[0]
     info = {
         "platform": hw.platform,
@@ -224,6 +232,24 @@ def target_device(target: str) -> tuple[Any, dict[str, Any]]:
         "device_count": len(topo.devices),
     }
     return SingleDeviceSharding(dev), info
+
+
+def cuda_topology(hw: Any) -> Any:
+    """The compile-only CUDA device `hw` describes (its topology and GpuTargetConfig), on a host
+    with no GPU: jax's CUDA plugin compiles for it (openxla/xla #16913). Without the plugin jax
+    says "topology not implemented for cuda"; the error here says what to install instead."""
+    import jax
+    from jax.experimental import topologies
+
+    try:
+        return topologies.get_topology_desc(
+            platform="cuda", topology=hw.aot_topology, target_config=hw.target_config_text()
+        )
+    except NotImplementedError as exc:
+        raise RuntimeError(
+            f"{hw.id}: a deviceless CUDA compile needs jax's CUDA plugin on this host (no GPU needed): "
+            f'pip install "jax-cuda12-plugin[with-cuda]=={jax.__version__}" ({exc})'
+        ) from exc
 
 
 def target_attention(payload: dict[str, Any], platform: str) -> tuple[Any, str]:
@@ -270,6 +296,8 @@ def compile_program(payload: dict[str, Any]) -> dict[str, Any]:
     attention, attention_name = target_attention(payload, platform)
     jitted, args, facts = program_for(payload, sharding, cdt, attention)
     result: dict[str, Any] = {"device": device, "compute": compute, "attention": attention_name, **facts}
+    if platform == "gpu":
+        result["attention_note"] = GPU_ATTENTION_NOTE
     t0 = time.perf_counter()
     lowered = jitted.lower(*args)
     try:
@@ -284,6 +312,11 @@ def compile_program(payload: dict[str, Any]) -> dict[str, Any]:
             result.update(oom_required_bytes=parsed[0], oom_available_bytes=parsed[1])
         return result
     result.update(fits=True, compile_s=time.perf_counter() - t0, **memory_fields(compiled.memory_analysis()))
+    if platform == "gpu":
+        # XLA:GPU allocates at run time, so its compiler never refuses a program for memory: the
+        # probe fits when the compiled peak (args + out + temps − donated) is within the limit.
+        limit = int(payload["limit_bytes"])
+        result.update(fits=result["peak_bytes"] <= limit, fits_rule=f"peak_bytes <= limit_bytes {limit}")
     try:
         result.update(cost_fields(compiled.cost_analysis()))
     except NotImplementedError:

@@ -144,15 +144,25 @@ def resolve_settings(req: CapacityRequest, console: Any) -> Settings:
         if not hw.aot_topology:
             raise CapacityError(
                 f"{target} has no aot_topology (no deviceless compile): compile targets are tpu-v5e, tpu-v6e, "
-                "tpu-v5p; on the GPU itself run `g4bench capacity --target local`"
+                "tpu-v5p, h100, h200; on the device itself run `g4bench capacity --target local`"
             )
         usable = hw.value("usable_hbm_bytes")
         limit = int(usable or hw.value("hbm_bytes") or 0)
         fig = hw.figures["usable_hbm_bytes" if usable else "hbm_bytes"]
         source = f"{hw.name}: {'usable' if usable else 'nameplate (usable unknown)'} HBM — {fig.source}"
-        console.print(
-            f"limit {limit / 2**30:.2f} GiB: {source}; the compiler's own limit is read from its OOM messages"
-        )
+        if hw.platform == "gpu" and req.mem_limit_bytes:
+            limit, source = int(req.mem_limit_bytes), "--mem-limit-gib"
+        if hw.platform == "gpu":
+            console.print(
+                f"limit {limit / 2**30:.2f} GiB: {source}. XLA:GPU allocates at run time, so a probe fits "
+                "when its compiled peak (args + out + temps − donated) is within it; JAX's allocator gets "
+                "XLA_PYTHON_CLIENT_MEM_FRACTION of the device (0.75 unless set): serve with it set to match, "
+                "or give --mem-limit-gib"
+            )
+        else:
+            console.print(
+                f"limit {limit / 2**30:.2f} GiB: {source}; the compiler's own limit is read from its OOM messages"
+            )
         layers = req.layers or "w4a16"
         mem_cap = COMPILE_CHILD_CAP
     return Settings(

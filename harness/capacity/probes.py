@@ -160,7 +160,7 @@ class Driver:
         t0 = time.perf_counter()
         result = self.folder.child(
             RUN_TARGET if local else COMPILE_TARGET,
-            self.cfg.payload(batch),
+            {**self.cfg.payload(batch), "limit_bytes": self.limit},
             f"{self.cfg.name}-b{batch}",
             env=None if local else TPU_CHILD_ENV,
         )
@@ -179,7 +179,7 @@ class Driver:
         nbytes = (
             (result.get("host_vm_peak_bytes") if local else result.get("peak_bytes"))
             if fits
-            else result.get("oom_required_bytes")
+            else result.get("oom_required_bytes", result.get("peak_bytes"))  # GPU: the peak over the limit
         )
         verdict = "[green]fits[/green]" if fits else "[yellow]does not fit[/yellow]"
         why = (
@@ -187,6 +187,8 @@ class Driver:
             if fits
             else f" ({result['failure']['kind']})"
             if is_failure(result)
+            else " (compiled peak over the limit)"
+            if "fits_rule" in result
             else " (compile-time HBM OOM)"
         )
         elapsed = time.perf_counter() - self.started
