@@ -49,6 +49,10 @@ from g4bench.model.paged_kv import PagedKeys
 
 NEG_INF = -1e30
 LANES = 128  # the m / l scratch rows are one lane tile wide (Mosaic slices tiles, not lanes)
+# Scalar-prefetch bytes one kernel call may take (block table + 5 per-row scalars, int32). TPU SMEM
+# is 1 MiB per core; a full-length table of 512 blocks per row passes it at 512 rows (int8 KV with
+# ring sliding KV fits ~620 rows at ctx 8192 on v6e), so larger batches run as several calls.
+PREFETCH_BYTES = 512 * 1024
 
 
 def compute_blocks(num_blocks: int, pages_per_block: int) -> int:
@@ -186,6 +190,17 @@ def paged_attention(
         )
     if pages_per_block < 1 or window is not None and window < 1:
         raise ValueError(f"pages_per_block ({pages_per_block}) and window ({window}) must be positive")
+    rows_per_call = max(1, PREFETCH_BYTES // (4 * (nb + 5)))
+    if B > rows_per_call:  # the block table would not fit SMEM: one call per group of rows
+        def part(s: int) -> jax.Array:
+            r = slice(s, s + rows_per_call)
+            return paged_attention(
+                q[r], pools, block_ids[r], first_block[r], q_start[r], q_len[r], dtypes=dtypes, window=window,
+                soft_cap=soft_cap, scale=scale, pages_per_block=pages_per_block,
+                queries_per_block=queries_per_block, interpret=interpret,
+            )  # fmt: skip
+
+        return jnp.concatenate([part(s) for s in range(0, B, rows_per_call)], axis=0)
     quantized = "ks" in pools
     n = nh // kvh
     P = min(pages_per_block, nb)

@@ -249,3 +249,21 @@ def test_parity_table() -> None:
     for case, delta, tol in PARITY:
         print(f"| {case} | {delta:.2e} | {tol:.2e} |")
     assert all(delta <= tol for _, delta, tol in PARITY)
+
+
+def test_a_block_table_past_the_prefetch_budget_runs_as_row_groups(monkeypatch) -> None:
+    """A batch whose block table would overflow TPU SMEM (int8 KV, ring sliding KV: ~620 rows of 512
+    blocks at ctx 8192 on v6e) runs as one kernel call per group of rows, with the same output."""
+    import g4bench.model.paged_kernels as pk
+
+    shape, window, kw = CASES["mixed: decode + chunk + idle row, window 24, hd 256"]
+    r = _read(11, kv_dtype="f32", **shape)
+    whole = _kernel(r, r["q"], window, **kw)
+    nb = r["paged"].ids.shape[1]
+    monkeypatch.setattr(pk, "PREFETCH_BYTES", 4 * (nb + 5))  # one row per call
+    calls = []
+    real_call = pk.pl.pallas_call
+    monkeypatch.setattr(pk.pl, "pallas_call", lambda *a, **k: calls.append(1) or real_call(*a, **k))
+    split = _kernel(r, r["q"], window, **kw)
+    assert len(calls) == shape["B"]
+    np.testing.assert_array_equal(split, whole)
