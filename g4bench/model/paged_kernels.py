@@ -191,7 +191,7 @@ def paged_attention(
     if pages_per_block < 1 or window is not None and window < 1:
         raise ValueError(f"pages_per_block ({pages_per_block}) and window ({window}) must be positive")
     rows_per_call = max(1, PREFETCH_BYTES // (4 * (nb + 5)))
-    if B > rows_per_call:  # the block table would not fit SMEM: one call per group of rows
+    if rows_per_call < B:  # the block table would not fit SMEM: one call per group of rows
         def part(s: int) -> jax.Array:
             r = slice(s, s + rows_per_call)
             return paged_attention(
