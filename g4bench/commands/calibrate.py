@@ -28,6 +28,7 @@ def calibrate(
 ) -> None:
     """Fit the decode step-time model (harness/calibrate/steptime.py) and print residuals, leave-one-out and held-out errors."""
     from rich.console import Console
+    from rich.markup import escape
 
     from harness.calibrate.main import CalibrateError, run_calibrate
 
@@ -42,6 +43,6 @@ def calibrate(
             console=console,
         )
     except (CalibrateError, FileNotFoundError) as exc:
-        console.print(f"[red]calibrate: {exc}[/red]", soft_wrap=True)
+        console.print(f"[red]calibrate: {escape(str(exc))}[/red]", soft_wrap=True)
         raise typer.Exit(code=2) from exc
     console.print(f"wrote {path}", soft_wrap=True)

@@ -98,6 +98,7 @@ def capacity(
     import sys
 
     from rich.console import Console
+    from rich.markup import escape
 
     from g4bench.commands.options import int_list
     from harness.capacity.main import CapacityError, CapacityRequest, run_capacity
@@ -134,7 +135,7 @@ def capacity(
     try:
         outcome = run_capacity(request, out=out, argv=sys.argv, console=console)
     except (CapacityError, FileNotFoundError, ValueError) as exc:
-        console.print(f"[red]capacity: {exc}[/red]", soft_wrap=True)
+        console.print(f"[red]capacity: {escape(str(exc))}[/red]", soft_wrap=True)
         raise typer.Exit(code=2) from exc
     console.print(f"run folder: {outcome.run_dir}", soft_wrap=True)
     if outcome.errors:

@@ -55,6 +55,7 @@ def device_check(
     """Run every headline measurement on this accelerator within 8 minutes (per-step budgets), each
     step a fresh `g4bench` process; a failed step is recorded and the check goes on."""
     from rich.console import Console
+    from rich.markup import escape
 
     from g4bench.commands.device_steps import run_check, steps
 
@@ -62,7 +63,7 @@ def device_check(
     try:
         out = check_folder(out, dry_run)
     except ValueError as exc:
-        console.print(f"[red]device-check: {exc}[/red]", soft_wrap=True)
+        console.print(f"[red]device-check: {escape(str(exc))}[/red]", soft_wrap=True)
         raise typer.Exit(code=2) from exc
     known = [s.name for s in steps(out, dry_run)]
     unknown = [s for s in step or () if s not in known]

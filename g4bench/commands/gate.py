@@ -31,6 +31,7 @@ def gate(
     A metric regresses when it moved the wrong way, the move is real (|ratio − 1| > 2 × the larger relative IQR of the two runs) and beyond --floor. Exit 0: no regression; 1: a regression or a configuration that now fails; 2: unusable input.
     """
     from rich.console import Console
+    from rich.markup import escape
 
     from harness.checks.gate import GateError, gate_runs, parse_floor, render_report
 
@@ -38,7 +39,7 @@ def gate(
     try:
         report = gate_runs(run_dir, baseline, floor=parse_floor(floor), ratios_only=ratios_only)
     except GateError as exc:
-        console.print(f"[red]gate: unusable input: {exc}[/red]", soft_wrap=True)
+        console.print(f"[red]gate: unusable input: {escape(str(exc))}[/red]", soft_wrap=True)
         raise typer.Exit(code=2) from exc
     render_report(report, console)
     if report.regressions:

@@ -44,6 +44,14 @@ def plan(
     slo: Annotated[
         Path, typer.Option(help="Goodput objectives (TOML), as serve-load.", show_default=SLO_DEFAULT_HELP)
     ] = SLO_DEFAULT,
+    capacity: Annotated[
+        Path | None,
+        typer.Option(
+            help="A `g4bench capacity` run compiled for the target: its donated served-layout ceilings' non-KV "
+            "bytes (weights + the compiled step's temporaries) replace the weights-only overhead in each "
+            "memory ceiling."
+        ),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Output folder. (default: results/<run-id>)")] = None,
     spec_k: Annotated[
         int | None,
@@ -60,6 +68,7 @@ def plan(
     import time
 
     from rich.console import Console
+    from rich.markup import escape
 
     from harness.calibrate.main import CalibrateError
     from harness.load.slo import load_slo
@@ -104,7 +113,8 @@ def plan(
         knobs = knob_grid(str_list(kv_dtype) or ("bf16",), str_list(sliding_kv) or ("ring",), slots)
         objectives = load_slo(slo)
         t0 = time.perf_counter()
-        rows = planner.run_fleet(tgt, wl, objectives, knobs, agents, None, console)
+        overhead = planner.capacity_overheads(capacity, tgt) if capacity is not None else None
+        rows = planner.run_fleet(tgt, wl, objectives, knobs, agents, overhead, console)
         planner.print_fleet(rows, tgt, agents, console)
         doc = planner.fleet_json(rows, tgt, agents)
         doc["simulated_s"] = time.perf_counter() - t0
@@ -115,5 +125,5 @@ def plan(
         )
         console.print(f"  run folder: {run_dir}", soft_wrap=True)
     except (ValidateError, CalibrateError, FileNotFoundError, ValueError) as exc:
-        console.print(f"[red]plan: {exc}[/red]", soft_wrap=True)
+        console.print(f"[red]plan: {escape(str(exc))}[/red]", soft_wrap=True)
         raise typer.Exit(code=2) from exc

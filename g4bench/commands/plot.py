@@ -22,6 +22,7 @@ def plot(
     Step time per configuration with IQR bars and verdicts; achieved bandwidth against the calibrated roofline (when the run has roofline records); aggregate tok/s against batch with the vLLM TPU v6e-1 baseline overlaid.
     """
     from rich.console import Console
+    from rich.markup import escape
 
     from harness.plots import plot_run
     from harness.results import RunError
@@ -30,7 +31,7 @@ def plot(
     try:
         paths = plot_run(run_dir, out, console)
     except RunError as exc:
-        console.print(f"[red]plot: {exc}[/red]", soft_wrap=True)
+        console.print(f"[red]plot: {escape(str(exc))}[/red]", soft_wrap=True)
         raise typer.Exit(code=2) from exc
     if not paths:
         console.print("[yellow]nothing to plot in this run[/yellow]")

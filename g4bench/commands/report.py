@@ -21,6 +21,7 @@ def report(
     """One self-contained HTML page (figures inline, CSS inline, no network resources) for any runs:
     command, environment, verdict, tables and figures of each, side by side."""
     from rich.console import Console
+    from rich.markup import escape
 
     from harness.report.page import ReportError, write_report
 
@@ -32,7 +33,7 @@ def report(
     try:
         views = write_report(run_dirs, out, title)
     except (ReportError, OSError) as exc:
-        console.print(f"[red]report: {exc}[/red]", soft_wrap=True)
+        console.print(f"[red]report: {escape(str(exc))}[/red]", soft_wrap=True)
         raise typer.Exit(code=2) from exc
     for v in views:
         console.print(f"  {v.name} ({v.kind}): {v.verdict}", soft_wrap=True)

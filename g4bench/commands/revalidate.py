@@ -151,6 +151,7 @@ def revalidate(
     import sys
 
     from rich.console import Console
+    from rich.markup import escape
 
     from g4bench.commands.options import int_list, parse_floor, str_list
     from harness.revalidate.main import RevalidateError, RevalidateRequest, run_revalidate
@@ -189,7 +190,7 @@ def revalidate(
             console=console,
         )
     except RevalidateError as exc:
-        console.print(f"[red]revalidate: {exc}[/red]", soft_wrap=True)
+        console.print(f"[red]revalidate: {escape(str(exc))}[/red]", soft_wrap=True)
         raise typer.Exit(code=2) from exc
     if outcome.failures:
         raise typer.Exit(code=1)

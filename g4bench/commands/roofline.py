@@ -78,6 +78,7 @@ def roofline(
     import sys
 
     from rich.console import Console
+    from rich.markup import escape
 
     from g4bench.commands.options import int_list
     from harness.roofline.main import RooflineError, RooflineRequest, run_roofline
@@ -100,7 +101,7 @@ def roofline(
     try:
         outcome = run_roofline(request=request, out=out, argv=sys.argv, console=console)
     except RooflineError as exc:
-        console.print(f"[red]roofline: {exc}[/red]", soft_wrap=True)
+        console.print(f"[red]roofline: {escape(str(exc))}[/red]", soft_wrap=True)
         raise typer.Exit(code=2) from exc
     if outcome.failures:
         raise typer.Exit(code=1)

@@ -98,6 +98,16 @@ def local_accelerator_limit(timeout_s: float) -> tuple[int, str] | None:
     )
 
 
+def has_cuda_plugin() -> bool:
+    """Whether jax's CUDA plugin is importable here (what a deviceless GPU compile needs)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:  # no jax_plugins namespace at all
+        return False
+
+
 def resolve_settings(req: CapacityRequest, console: Any) -> Settings:
     """Fill defaults and print every choice that was not given explicitly."""
     import psutil
@@ -145,6 +155,14 @@ def resolve_settings(req: CapacityRequest, console: Any) -> Settings:
             raise CapacityError(
                 f"{target} has no aot_topology (no deviceless compile): compile targets are tpu-v5e, tpu-v6e, "
                 "tpu-v5p, h100, h200; on the device itself run `g4bench capacity --target local`"
+            )
+        if hw.platform == "gpu" and not has_cuda_plugin():
+            import jax
+
+            raise CapacityError(
+                f"{target}: a deviceless GPU compile needs jax's CUDA plugin on this host (no GPU needed): "
+                f'pip install "jax-cuda12-plugin[with-cuda]=={jax.__version__}"; or on the GPU itself run '
+                "`g4bench capacity --target local`"
             )
         usable = hw.value("usable_hbm_bytes")
         limit = int(usable or hw.value("hbm_bytes") or 0)

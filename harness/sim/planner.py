@@ -125,9 +125,47 @@ def resolve_target(target: str, profile: str | None = None, model: str | None = 
     return t
 
 
-def run_fleet(target: Target, workload: Any, slo: Any, knobs: list[Knobs], agents: int, overhead: tuple[int, str] | None,
+def capacity_overheads(run_dir: Path, target: Target) -> dict[tuple[str, str], tuple[int, str]]:
+    """{(kv dtype, sliding KV): (non-KV bytes, source)} from a capacity run's donated ceilings on the
+    served KV layout, compiled for `target` (what the admission arithmetic adds to the KV rows: the
+    weights plus the compiled step's temporaries, harness/capacity/admission.overhead_of).
+    ValueError naming the run when it holds no such ceiling."""
+    import json
+
+    from g4bench.engine.served_step import ServedStep
+    from harness.capacity.admission import overhead_of
+
+    path = Path(run_dir) / "results.jsonl"
+    if not path.is_file():
+        raise ValueError(f"--capacity {run_dir}: no results.jsonl (a `g4bench capacity` run folder)")
+    layout = ServedStep.served().kv_layout
+    out: dict[tuple[str, str], tuple[int, str]] = {}
+    for line in path.read_text().splitlines():
+        rec = json.loads(line) if line.strip() else {}
+        cfg = rec.get("config", {})
+        if rec.get("record") != "ceiling" or cfg.get("target") != target.hardware.id or not cfg.get("donate"):
+            continue
+        if cfg.get("kv_layout", "contiguous") != layout or cfg.get("program", "decode") != "decode":
+            continue
+        oh = overhead_of(rec)
+        if oh is not None:
+            att = rec.get("attention", "?")
+            out[(cfg["kv_dtype"], cfg["sliding_kv"])] = (
+                oh, f"capacity run {run_dir} (compiled at its {rec['max_batch']}-row ceiling, attention {att})"
+            )
+    if not out:
+        raise ValueError(
+            f"--capacity {run_dir}: no donated {layout} decode ceiling compiled for {target.hardware.id} in it"
+        )
+    return out
+
+
+def run_fleet(target: Target, workload: Any, slo: Any, knobs: list[Knobs], agents: int,
+              overhead: tuple[int, str] | dict[tuple[str, str], tuple[int, str]] | None,
               console: Any) -> list[tuple[Sizing, dict[str, Any]]]:  # fmt: skip
-    """Size every knob setting; print the assumptions and the table; return (sizing, costs) rows."""
+    """Size every knob setting; print the assumptions and the table; return (sizing, costs) rows.
+    `overhead`: the non-KV bytes and their source, one for every knob or per (KV dtype, sliding KV)
+    (`capacity_overheads`); None: the weights alone."""
     from g4bench.model.config import load_config
     from g4bench.model.params import param_bytes
     from harness.load.defaults import server_max_len
@@ -135,28 +173,41 @@ def run_fleet(target: Target, workload: Any, slo: Any, knobs: list[Knobs], agent
 
     ctx = workload.max_context
     max_len = server_max_len(ctx)
-    if overhead is None:
-        overhead = (
-            param_bytes(load_config(target.model), target.fmt),
-            "weights only (no capacity run given)",
-        )
+    weights_only = (param_bytes(load_config(target.model), target.fmt), "weights only (no capacity run given)")
+    per_knob = overhead if isinstance(overhead, dict) else {}
+    single = overhead if isinstance(overhead, tuple) else weights_only
     run = agents_runner(workload, slo, target.pricer_for)
     out = []
+    used: dict[str, tuple[int, str]] = {}
     for k in knobs:
-        ceiling = memory_ceiling(target.model, k, max_len, target.limit_bytes, overhead[0])
-        sizing = size_one(k, workload, slo, target.model, ceiling, overhead[1], run, max_len)
+        oh = per_knob.get((k.kv_dtype, k.sliding_kv), single if not per_knob else weights_only)
+        used[k.label] = oh
+        ceiling = memory_ceiling(target.model, k, max_len, target.limit_bytes, oh[0])
+        sizing = size_one(k, workload, slo, target.model, ceiling, oh[1], run, max_len)
         out.append((sizing, costs_of(sizing, target.usd_per_hour, agents)))
     target.assumptions += [
         f"workload {workload.kind}: {workload.turns_per_task} turns, first prompt {workload.input_len}, output "
         f"{workload.output_len}, tool result {workload.tool_result_tokens}, shared prefix {workload.prefix_len} → "
         f"context up to {ctx} (server max_len {max_len}); one task per agent, closed loop",
         f"SLO {slo.describe()}; an agent count passes when task SLO attainment ≥ {slo.attainment_target:g}",
-        f"memory ceiling: admission arithmetic (harness/capacity/admission.py), overhead {overhead[0] / 2**30:.2f} GiB from {overhead[1]}; "
-        "block rounding and the cached-window reserve not counted",
-        f"engine step priced: {ServedStep.served().describe()} (KV dtype and sliding KV per row), the real "
-        "Scheduler (continuous batching, mixed prefill, prefix reuse); HTTP and client overheads not modelled",
+        "memory ceiling: admission arithmetic (harness/capacity/admission.py), overhead "
+        + "; ".join(f"{label} {oh[0] / 2**30:.2f} GiB from {oh[1]}" for label, oh in used.items())
+        + "; block rounding and the cached-window reserve not counted",
+        f"engine step priced: {ServedStep.served().describe()} (KV dtype and sliding KV per row), attention "
+        f"{served_attention(target.hardware.platform)}, the real Scheduler (continuous batching, mixed prefill, "
+        "prefix reuse); HTTP and client overheads not modelled",
     ]
     return out
+
+
+def served_attention(platform: str) -> str:
+    """What the served step's attention is on `platform` and how the pricing counts it."""
+    if platform == "tpu":
+        return ("the Pallas paged kernel (g4bench/model/paged_kernels.py; bytes priced as the keys it reads, "
+                "g4bench/model/costs.py)")  # fmt: skip
+    if platform == "gpu":
+        return "plain JAX (the paged read is a gather there; priced as the keys it needs, a lower bound)"
+    return "plain JAX, key-blocked on the CPU"
 
 
 def print_fleet(rows: list[tuple[Sizing, dict[str, Any]]], target: Target, agents: int, console: Any) -> None:

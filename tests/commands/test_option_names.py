@@ -127,9 +127,12 @@ def test_one_target_list_maps_onto_the_hardware_files():
         target_hardware("a100")
 
 
-def test_capacity_on_a_gpu_target_says_why_it_cannot():
+def test_capacity_on_a_gpu_target_without_the_cuda_plugin_says_what_to_install(monkeypatch):
+    import harness.capacity.main as capacity_main
+
+    monkeypatch.setattr(capacity_main, "has_cuda_plugin", lambda: False)
     result = CliRunner().invoke(
         app, ["capacity", "--target", "h100", "--model", "tiny-a", "--out", "/nonexistent/x"]
     )
     assert result.exit_code == 2
-    assert "no deviceless compile" in result.stderr and "--target local" in result.stderr
+    assert "jax-cuda12-plugin[with-cuda]==" in result.stderr and "--target local" in result.stderr

@@ -7,22 +7,13 @@ without it the error names what to install. Which of the two runs depends on the
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from harness.capacity.aot import compile_program, cuda_topology
+from harness.capacity.main import has_cuda_plugin
 from harness.hardware import load_hardware
 
-
-def _has_cuda_plugin() -> bool:
-    try:
-        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
-    except ModuleNotFoundError:  # no jax_plugins namespace at all
-        return False
-
-
-HAS_CUDA_PLUGIN = _has_cuda_plugin()
+HAS_CUDA_PLUGIN = has_cuda_plugin()
 
 
 def _payload(limit_bytes: int, batch: int = 4) -> dict:
