@@ -332,8 +332,13 @@ def forward_segments(
             h, ple = h[last_flat], (ple[last_flat] if ple is not None else None)
             rope = {t: (c[last_flat], s[last_flat]) for t, (c, s) in rope.items()}
             q_pos, q_ok, q_shapes = last_of(q_pos), last_of(q_ok), out_shapes
+            # a segment that keeps every row reads the stored K/V as it is: taking "all rows" of a
+            # contiguous cache would copy every row of it (a gather XLA does not elide on TPU)
             shared = {
-                t: [_take_rows(read, k) for read, k in zip(reads, keep, strict=True)]
+                t: [
+                    read if seg.logit_rows is None else _take_rows(read, k)
+                    for read, k, seg in zip(reads, keep, segments, strict=True)
+                ]
                 for t, reads in shared.items()
             }
         ltype = cfg.layer_types[i]
