@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from g4bench.engine.served_step import ServedStep
 from harness.capacity.probes import (
     Driver,
@@ -267,7 +269,7 @@ def run_capacity(
             if avail < s.limit_bytes * 1.05:
                 msg = f"{cfg.name}: only {avail / 2**30:.1f} GiB available now, below the cap; not probing (would endanger the machine)"
                 outcome.errors.append(msg)
-                console.print(f"[red]{msg}[/red]")
+                console.print(f"[red]{escape(msg)}[/red]")
                 continue
         est = estimate_batch(cfg.case, cfg.program, s.limit_bytes, cfg.tokens)
         console.print(f"[bold]{i}/{len(configs)} {cfg.name}[/bold]: arithmetic estimate {est}")
@@ -276,7 +278,7 @@ def run_capacity(
             search = drv.run(est, s.tol)
         except ProbeError as exc:
             outcome.errors.append(str(exc))
-            console.print(f"[red]{exc}[/red]", soft_wrap=True)
+            console.print(f"[red]{escape(str(exc))}[/red]", soft_wrap=True)
             continue
         fields = ceiling_fields(cfg, search, s.limit_bytes, hw)
         # the compiled prediction adds the host's address space, a CPU measure (not on an accelerator)

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from g4bench.engine.served_step import ServedStep
 from harness.sim.fleet import Knobs, Sizing, costs_of, memory_ceiling, size_one
 from harness.sim.simulate import ServerShape
@@ -216,7 +218,7 @@ def print_fleet(rows: list[tuple[Sizing, dict[str, Any]]], target: Target, agent
     from harness.tables import fitted_table
 
     for line in target.assumptions:
-        console.print(f"  assumption: {line}", soft_wrap=True)
+        console.print(f"  assumption: {escape(line)}", soft_wrap=True)
 
     def f(v: Any, nd: int = 1) -> str:
         return "—" if v is None else f"{v:.{nd}f}"
@@ -263,7 +265,7 @@ def run_validate(run_dirs: list[Path], target: Target, out: Path, console: Any) 
     from harness.sim.validate import headline, validate
 
     for line in target.assumptions:
-        console.print(f"  assumption: {line}", soft_wrap=True)
+        console.print(f"  assumption: {escape(line)}", soft_wrap=True)
     docs = [validate(Path(d), target.pricer_for, out / f"sim-{Path(d).name}") for d in run_dirs]
     for doc in docs:
         print_validation(doc, console)

@@ -133,3 +133,36 @@ def test_error_band_line_names_every_program_the_served_step_calls():
     assert "mixed: no mixed fit, priced with the [prefill] rates, no validated band" in v6e
     local = next(a for a in resolve_target("local", model="small").assumptions if "error band" in a)
     assert "mixed: ±" in local and "no mixed fit" not in local
+
+
+def test_capacity_overheads_read_the_served_layouts_donated_ceilings(tmp_path):
+    """plan --capacity: each (KV dtype, sliding KV) gets its compiled ceiling's non-KV bytes; copying
+    or contiguous ceilings, other targets and probes are not used; a run without one is refused."""
+    import json
+
+    import pytest
+
+    from harness.sim.planner import capacity_overheads, resolve_target
+
+    target = resolve_target("tpu-v6e")
+
+    def ceiling(kv, sliding, layout="paged", donate=True, tgt="tpu-v6e", peak=40, kv_bytes=30):
+        cfg = {"target": tgt, "kv_dtype": kv, "sliding_kv": sliding, "donate": donate, "program": "decode"}
+        if layout != "contiguous":
+            cfg["kv_layout"] = layout
+        return {"record": "ceiling", "config": cfg, "max_batch": 7, "peak_bytes": peak * 2**30,
+                "kv_bytes": kv_bytes * 2**30, "attention": "pallas-paged"}  # fmt: skip
+
+    rows = [ceiling("bf16", "full"), ceiling("int8", "ring", peak=39), ceiling("bf16", "ring", layout="contiguous"),
+            ceiling("bf16", "ring", donate=False), ceiling("bf16", "ring", tgt="tpu-v5e"),
+            {"record": "probe", "config": {"target": "tpu-v6e"}}]  # fmt: skip
+    (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    got = capacity_overheads(tmp_path, target)
+    assert set(got) == {("bf16", "full"), ("int8", "ring")}
+    assert got[("bf16", "full")][0] == 10 * 2**30 and got[("int8", "ring")][0] == 9 * 2**30
+    assert "7-row ceiling, attention pallas-paged" in got[("bf16", "full")][1]
+    (tmp_path / "results.jsonl").write_text(json.dumps(rows[2]) + "\n")
+    with pytest.raises(ValueError, match="no donated paged decode ceiling compiled for tpu-v6e"):
+        capacity_overheads(tmp_path, target)
+    with pytest.raises(ValueError, match="no results.jsonl"):
+        capacity_overheads(tmp_path / "missing", target)
