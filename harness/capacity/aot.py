@@ -4,7 +4,10 @@ Why: "can one chip hold my fleet?" is answered without the chip. With libtpu ins
 for a TPU topology on any x86-64 Linux host (`jax.experimental.topologies`); the TPU compiler
 refuses a program whose buffers exceed the chip's usable HBM (``CompileTimeHbmOom``) and otherwise
 reports `memory_analysis()` and `cost_analysis()` (capacity-anchors A7, A8). For the local device
-the same compile gives the breakdown the bisection's runs are read against.
+the same compile gives the breakdown the bisection's runs are read against. With jax's CUDA plugin
+installed (no GPU needed), a GPU target compiles for XLA's description of the part
+(`cuda_topology`); XLA:GPU never refuses for memory, so there a probe fits when its compiled peak is
+within the payload's `limit_bytes`.
 
 Data flow (one compile per fresh child, `harness.isolate.run_isolated(COMPILE_TARGET, payload)`)::
 

@@ -9,6 +9,7 @@ Data flow::
           local:  run_child   builds the engine's DecodeBench, allocates cache, runs the step
                   (RLIMIT_AS = the stated cap, so an oversized probe dies cleanly as "oom")
           tpu-*:  harness.capacity.aot:compile_child  compiles for the topology; HBM OOM = does not fit
+          h100/h200: the same child, compiled through the CUDA plugin; peak > limit = does not fit
         every probe → a "probe" record in results.jsonl at once (nothing lost if one dies)
       → a "ceiling" record: max batch, KV tokens = ctx × max batch, memory breakdown of the
         compiled step at the ceiling, step time (measured locally; roofline and XLA's sanity-

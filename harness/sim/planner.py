@@ -182,7 +182,8 @@ def run_fleet(target: Target, workload: Any, slo: Any, knobs: list[Knobs], agent
     out = []
     used: dict[str, tuple[int, str]] = {}
     for k in knobs:
-        oh = per_knob.get((k.kv_dtype, k.sliding_kv), single if not per_knob else weights_only)
+        missing = (weights_only[0], "weights only (the capacity run has no ceiling for this KV dtype and sliding KV)")
+        oh = per_knob.get((k.kv_dtype, k.sliding_kv), missing) if per_knob else single
         used[k.label] = oh
         ceiling = memory_ceiling(target.model, k, max_len, target.limit_bytes, oh[0])
         sizing = size_one(k, workload, slo, target.model, ceiling, oh[1], run, max_len)
