@@ -237,11 +237,31 @@ def target_device(target: str) -> tuple[Any, dict[str, Any]]:
     return SingleDeviceSharding(dev), info
 
 
+def has_cuda_plugin() -> bool:
+    """Whether jax's CUDA plugin is importable here (what a deviceless GPU compile needs)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:  # no jax_plugins namespace at all
+        return False
+
+
+def cuda_plugin_needed(target: str) -> str:
+    """What to say when a GPU target is asked for on a host without the CUDA plugin."""
+    import jax
+
+    return (
+        f"{target}: a deviceless GPU compile needs jax's CUDA plugin on this host (no GPU needed): "
+        f'pip install "jax-cuda12-plugin[with-cuda]=={jax.__version__}"; or on the GPU itself run '
+        "`g4bench capacity --target local`"
+    )
+
+
 def cuda_topology(hw: Any) -> Any:
     """The compile-only CUDA device `hw` describes (its topology and GpuTargetConfig), on a host
     with no GPU: jax's CUDA plugin compiles for it (openxla/xla #16913). Without the plugin jax
     says "topology not implemented for cuda"; the error here says what to install instead."""
-    import jax
     from jax.experimental import topologies
 
     try:
@@ -249,10 +269,7 @@ def cuda_topology(hw: Any) -> Any:
             platform="cuda", topology=hw.aot_topology, target_config=hw.target_config_text()
         )
     except NotImplementedError as exc:
-        raise RuntimeError(
-            f"{hw.id}: a deviceless CUDA compile needs jax's CUDA plugin on this host (no GPU needed): "
-            f'pip install "jax-cuda12-plugin[with-cuda]=={jax.__version__}" ({exc})'
-        ) from exc
+        raise RuntimeError(f"{cuda_plugin_needed(hw.id)} ({exc})") from exc
 
 
 def target_attention(payload: dict[str, Any], platform: str) -> tuple[Any, str]:

@@ -25,6 +25,7 @@ from typing import Any
 from rich.markup import escape
 
 from g4bench.engine.served_step import ServedStep
+from harness.capacity.aot import cuda_plugin_needed, has_cuda_plugin
 from harness.capacity.probes import (
     Driver,
     Settings,
@@ -100,16 +101,6 @@ def local_accelerator_limit(timeout_s: float) -> tuple[int, str] | None:
     )
 
 
-def has_cuda_plugin() -> bool:
-    """Whether jax's CUDA plugin is importable here (what a deviceless GPU compile needs)."""
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
-    except ModuleNotFoundError:  # no jax_plugins namespace at all
-        return False
-
-
 def resolve_settings(req: CapacityRequest, console: Any) -> Settings:
     """Fill defaults and print every choice that was not given explicitly."""
     import psutil
@@ -159,13 +150,7 @@ def resolve_settings(req: CapacityRequest, console: Any) -> Settings:
                 "tpu-v5p, h100, h200; on the device itself run `g4bench capacity --target local`"
             )
         if hw.platform == "gpu" and not has_cuda_plugin():
-            import jax
-
-            raise CapacityError(
-                f"{target}: a deviceless GPU compile needs jax's CUDA plugin on this host (no GPU needed): "
-                f'pip install "jax-cuda12-plugin[with-cuda]=={jax.__version__}"; or on the GPU itself run '
-                "`g4bench capacity --target local`"
-            )
+            raise CapacityError(cuda_plugin_needed(target))
         usable = hw.value("usable_hbm_bytes")
         limit = int(usable or hw.value("hbm_bytes") or 0)
         fig = hw.figures["usable_hbm_bytes" if usable else "hbm_bytes"]

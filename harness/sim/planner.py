@@ -132,18 +132,15 @@ def capacity_overheads(run_dir: Path, target: Target) -> dict[tuple[str, str], t
     served KV layout, compiled for `target` (what the admission arithmetic adds to the KV rows: the
     weights plus the compiled step's temporaries, harness/capacity/admission.overhead_of).
     ValueError naming the run when it holds no such ceiling."""
-    import json
-
     from g4bench.engine.served_step import ServedStep
     from harness.capacity.admission import overhead_of
+    from harness.results import RECORDS_FILE, read_records
 
-    path = Path(run_dir) / "results.jsonl"
-    if not path.is_file():
-        raise ValueError(f"--capacity {run_dir}: no results.jsonl (a `g4bench capacity` run folder)")
+    if not (Path(run_dir) / RECORDS_FILE).is_file():
+        raise ValueError(f"--capacity {run_dir}: no {RECORDS_FILE} (a `g4bench capacity` run folder)")
     layout = ServedStep.served().kv_layout
     out: dict[tuple[str, str], tuple[int, str]] = {}
-    for line in path.read_text().splitlines():
-        rec = json.loads(line) if line.strip() else {}
+    for rec in read_records(Path(run_dir), validate=False):
         cfg = rec.get("config", {})
         if rec.get("record") != "ceiling" or cfg.get("target") != target.hardware.id or not cfg.get("donate"):
             continue
@@ -163,11 +160,11 @@ def capacity_overheads(run_dir: Path, target: Target) -> dict[tuple[str, str], t
 
 
 def run_fleet(target: Target, workload: Any, slo: Any, knobs: list[Knobs], agents: int,
-              overhead: tuple[int, str] | dict[tuple[str, str], tuple[int, str]] | None,
+              overhead: dict[tuple[str, str], tuple[int, str]] | None,
               console: Any) -> list[tuple[Sizing, dict[str, Any]]]:  # fmt: skip
     """Size every knob setting; print the assumptions and the table; return (sizing, costs) rows.
-    `overhead`: the non-KV bytes and their source, one for every knob or per (KV dtype, sliding KV)
-    (`capacity_overheads`); None: the weights alone."""
+    `overhead`: the non-KV bytes and their source per (KV dtype, sliding KV) (`capacity_overheads`);
+    None, or a knob it lacks: the weights alone."""
     from g4bench.model.config import load_config
     from g4bench.model.params import param_bytes
     from harness.load.defaults import server_max_len
@@ -175,15 +172,13 @@ def run_fleet(target: Target, workload: Any, slo: Any, knobs: list[Knobs], agent
 
     ctx = workload.max_context
     max_len = server_max_len(ctx)
-    weights_only = (param_bytes(load_config(target.model), target.fmt), "weights only (no capacity run given)")
-    per_knob = overhead if isinstance(overhead, dict) else {}
-    single = overhead if isinstance(overhead, tuple) else weights_only
+    weights = param_bytes(load_config(target.model), target.fmt)
+    why = "the capacity run has no ceiling for this KV dtype and sliding KV" if overhead else "no capacity run given"
     run = agents_runner(workload, slo, target.pricer_for)
     out = []
     used: dict[str, tuple[int, str]] = {}
     for k in knobs:
-        missing = (weights_only[0], "weights only (the capacity run has no ceiling for this KV dtype and sliding KV)")
-        oh = per_knob.get((k.kv_dtype, k.sliding_kv), missing) if per_knob else single
+        oh = (overhead or {}).get((k.kv_dtype, k.sliding_kv), (weights, f"weights only ({why})"))
         used[k.label] = oh
         ceiling = memory_ceiling(target.model, k, max_len, target.limit_bytes, oh[0])
         sizing = size_one(k, workload, slo, target.model, ceiling, oh[1], run, max_len)
