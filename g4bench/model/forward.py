@@ -60,7 +60,10 @@ def linear(x: jax.Array, lin: dict[str, jax.Array]) -> jax.Array:
     """x [..., in] → [..., out]; dense `w` [in, out] or W4A16 unpacked inside the step."""
     if "w" in lin:
         return jnp.einsum("...i,io->...o", x, lin["w"].astype(x.dtype))
-    w = unpack_w4a16(lin["packed"], lin["scale"], x.dtype)  # [out, in]
+    # The barrier ties the unpack to this call's input: without it XLA may hoist the unpacks of
+    # many layers ahead of their use and hold their dense weights at once (temporaries).
+    x, packed, scale = jax.lax.optimization_barrier((x, lin["packed"], lin["scale"]))
+    w = unpack_w4a16(packed, scale, x.dtype)  # [out, in]
     return jnp.einsum("...i,oi->...o", x, w)
 
 
