@@ -53,6 +53,16 @@ def serve(
             help="Paged: sliding-layer windows kept cached per slot (finished conversations, shared prefixes)"
         ),
     ] = 4,
+    draft_model: Annotated[
+        str | None,
+        typer.Option(
+            help="Speculative decoding: the draft model (a preset, config .json or checkpoint DIR with the "
+            "target's vocabulary); needs --spec-k"
+        ),
+    ] = None,
+    spec_k: Annotated[
+        int, typer.Option(help="Speculative decoding: draft tokens verified per round (0: off; needs --draft-model)")
+    ] = 0,
     host: Annotated[str, typer.Option(help="Address to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind (0: any free port)")] = 8000,
     api_key: Annotated[
@@ -129,7 +139,8 @@ def serve(
             engine_stall_s=engine_stall_timeout, exit_on_engine_failure=exit_on_engine_failure,
             max_connections=max_connections, idle_timeout_s=idle_timeout, shutdown_timeout_s=shutdown_timeout,
             served_model_name=served_model_name, kv_layout=kv_layout, cached_windows=cached_windows,
-            max_batched_tokens=max_batched_tokens, prefill_policy=prefill_policy,
+            max_batched_tokens=max_batched_tokens, prefill_policy=prefill_policy, draft_model=draft_model,
+            spec_k=spec_k,
         )  # fmt: skip
         spec.server_settings(key)  # validates the limits before the model loads
     except ValueError as err:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from g4bench.commands.options import SLO_DEFAULT as _SLO
 from g4bench.commands.options import SLO_DEFAULT_HELP
@@ -140,6 +141,13 @@ def serve_load(
             "(default: serve's)"
         ),
     ] = None,
+    draft_model: Annotated[
+        str | None,
+        typer.Option(help="Self-started server: speculative decoding with this draft model, as serve's (needs --spec-k)."),
+    ] = None,
+    spec_k: Annotated[
+        int, typer.Option(help="Self-started server: draft tokens verified per round, as serve's (0: off).")
+    ] = 0,
     metrics_interval: Annotated[
         float, typer.Option(help="Scrape the server's /metrics every this many seconds (0: off).")
     ] = 1.0,
@@ -199,6 +207,9 @@ def serve_load(
         raise typer.Exit(2)
     if prefill_policy not in (None, "mixed", "chunk") or (prefill_policy is not None and url is not None):
         console.print("[red]--prefill-policy takes mixed or chunk, for the self-started server (no --url)[/red]")
+        raise typer.Exit(2)
+    if (draft_model is not None or spec_k) and url is not None:
+        console.print("[red]--draft-model and --spec-k start the server with speculation: not with --url[/red]")
         raise typer.Exit(2)
     if find_max is not None and (engine_baseline or duration is not None):
         console.print("[red]--find-max measures its own levels: no --engine-baseline or --duration[/red]")
@@ -291,7 +302,11 @@ def serve_load(
             name = model or (DEFAULT_ACCEL_MODEL if accel else DEFAULT_CPU_MODEL)
             port = free_port()
             max_len = defaults.server_max_len(max_context)
-            cmd = serve_command(name, slots, max_len, port, prefill_policy)
+            try:
+                cmd = serve_command(name, slots, max_len, port, prefill_policy, draft_model=draft_model, spec_k=spec_k)
+            except ValueError as err:
+                console.print(f"[red]{escape(str(err))}[/red]")
+                raise typer.Exit(2) from err
             server_meta |= {"model": name, "command": cmd, "max_slots": slots, "max_len": max_len}
             console.print(
                 f"  starting server: model {name} ({'accelerator' if accel else 'CPU: small synthetic'}), port {port}"

@@ -16,11 +16,13 @@ queue and wakes the engine thread. The engine thread repeats:
    first token. (Paged: if the pools lack blocks for the whole request even after evicting every
    cached block, the prompt waits at the head until running requests finish.)
 
-Steps 3 and 4 are the "chunk" policy. The "mixed" policy (the default when paged,
-`EngineConfig.policy`) folds them into one `engine.step` call: every decoding slot's token plus
-prefill chunks of as many admitted prompts as fit the token budget (`max_batched_tokens`), so a
-burst prefills together and a running stream waits at most one budgeted call
-(g4bench/engine/mixed_turn.py).
+Steps 3 and 4 are the "chunk" policy. With speculative decoding (`spec`, serve --draft-model
+--spec-k) step 3 is a speculative round instead: draft k tokens per request, verify them in one
+target call, deliver the accepted ones (g4bench/engine/spec_turn.py). The "mixed" policy (the
+default when paged, `EngineConfig.policy`) folds them into one `engine.step` call: every decoding
+slot's token plus prefill chunks of as many admitted prompts as fit the token budget
+(`max_batched_tokens`), so a burst prefills together and a running stream waits at most one
+budgeted call (g4bench/engine/mixed_turn.py).
 
 With nothing to do it sleeps on a condition variable. Every sampled token goes to the request's
 `RequestSink.on_token` (in the engine thread; the server turns it into text and hands it to
@@ -78,6 +80,8 @@ from g4bench.engine.logprobs import TokenLogprob
 from g4bench.engine.mixed_turn import MixedTurn
 from g4bench.engine.prefix_cache import SlotTable
 from g4bench.engine.sampling import SamplingParams
+from g4bench.engine.spec_batch import SpecDecoder
+from g4bench.engine.spec_turn import SpecTurn
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +162,7 @@ class _Request:
     times: list[float] = field(default_factory=list)
 
 
-class Scheduler(MixedTurn):
+class Scheduler(MixedTurn, SpecTurn):
     """Owns an engine and its slots; see the module docstring for the loop."""
 
     def __init__(
@@ -169,8 +173,10 @@ class Scheduler(MixedTurn):
         copy_min: int = 16,
         warmup: bool = True,
         clock: Callable[[], float] = time.perf_counter,
+        spec: SpecDecoder | None = None,
     ) -> None:
         self.engine = engine
+        self.spec = spec  # speculative decoding (spec_turn.py); None: plain decode
         self.clock = clock  # request times; the simulator passes a virtual clock (harness/sim)
         self.max_slots: int = engine.ecfg.max_slots
         self.max_len: int = engine.ecfg.max_len
@@ -196,6 +202,8 @@ class Scheduler(MixedTurn):
         self.agent = AgentStep(engine, self.max_slots, self.vocab_size)  # grammars and logprobs
         ecfg = engine.ecfg
         self.mixed = self.paged and getattr(ecfg, "policy", "chunk") == "mixed"
+        if spec is not None and self.mixed:
+            raise ValueError("speculative decoding runs the chunk prefill policy (prefill_policy='chunk')")
         self.max_batched_tokens: int = getattr(ecfg, "max_batched_tokens", self.chunk_size)
         self.observers: list[SchedulerObserver] = []
         self.warmup_s: float | None = None
@@ -298,7 +306,7 @@ class Scheduler(MixedTurn):
     def _run(self) -> None:
         try:
             if self._do_warmup:
-                self.warmup_s = self.engine.warmup()
+                self.warmup_s = self.engine.warmup() + (self.spec.warmup() if self.spec else 0.0)
                 log.info("engine warm-up done in %.1f s", self.warmup_s)
             self._ready.set()
             while self._wait_for_work():
@@ -324,7 +332,10 @@ class Scheduler(MixedTurn):
         if self.mixed:
             self._mixed_step()
             return
-        self._decode_step()
+        if self.spec is not None:
+            self._spec_step()
+        else:
+            self._decode_step()
         self._prefill_step()
 
     def _wait_for_work(self) -> bool:

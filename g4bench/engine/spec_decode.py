@@ -15,7 +15,8 @@ Data flow of one round, for a context of n tokens whose first n−1 are in the t
 The verify call is the prefill program with every position's logits (`forward(all_logits=True)`,
 one slot, a chunk bucket of k+1 tokens); it uses the engine's public state (params, cache, block
 tables, layout, buckets) and no engine.py change. `Verifier.verify_all` is the batch version
-(k+1 query tokens for every slot in one step): what `plan --spec-k` prices
+(up to k+1 query tokens for every slot in one step): what the server's speculative rounds run
+(spec_batch.py), what `plan --spec-k` prices
 (harness/sim/speculative.py) and harness/calibrate/verify_steps.py times. Grammars: see
 `speculative_generate`'s `constraint`.
 
@@ -94,19 +95,24 @@ class Verifier:
         )  # fmt: skip
         return np.asarray(logits[:n])
 
-    def verify_all(self, tokens: np.ndarray, starts: np.ndarray) -> jax.Array:
-        """The batch verify step: every slot writes tokens[s] (i32[max_slots, k+1]) at starts[s]..
-        in one call; returns the f32 [max_slots, k+1, V] logits on the device (not yet computed)."""
+    def verify_all(self, tokens: np.ndarray, starts: np.ndarray, n_valid: np.ndarray | None = None) -> jax.Array:
+        """The batch verify step: every slot writes its first n_valid[s] tokens of tokens[s]
+        (i32[max_slots, k+1]; n_valid None: all of them) at starts[s].. in one call; a slot with
+        n_valid 0 writes nothing. Returns the f32 [max_slots, k+1, V] logits on the device (not yet
+        computed)."""
         e = self.engine
         tokens = np.asarray(tokens, np.int32)
         if tokens.shape[0] != e.ecfg.max_slots:
             raise ValueError(f"verify_all needs one row per slot ({e.ecfg.max_slots}), got {tokens.shape[0]}")
-        top = int(np.max(starts)) + tokens.shape[1]
+        starts = np.asarray(starts, np.int32)
+        n_valid = np.full(tokens.shape[0], tokens.shape[1], np.int32) if n_valid is None else np.asarray(n_valid, np.int32)
+        if np.any(n_valid < 0) or np.any(n_valid > tokens.shape[1]):
+            raise ValueError(f"verify_all: n_valid must be 0..{tokens.shape[1]}")
+        top = max(1, int(np.max(starts + n_valid)))
         if top > e.ecfg.max_len:
             raise ValueError(f"verify_all: positions up to {top} exceed max_len {e.ecfg.max_len}")
         e.cache, logits = self._batch(
-            e.params, e.cache, jnp.asarray(tokens), jnp.asarray(starts, jnp.int32),
-            jnp.full((tokens.shape[0],), tokens.shape[1], jnp.int32),
+            e.params, e.cache, jnp.asarray(tokens), jnp.asarray(starts), jnp.asarray(n_valid),
             {g: jnp.asarray(t.copy()) for g, t in e.tables.items()}, kv_len=bucket_for(top, e.ecfg.kv_buckets),
         )  # fmt: skip
         return logits

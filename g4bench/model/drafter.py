@@ -112,6 +112,19 @@ class DrafterConfig:
             )
 
 
+def is_assistant(name_or_path: str | Path) -> bool:
+    """Whether a model name, config.json or checkpoint directory is an assistant drafter (a preset
+    `<preset>-assistant`, or a config whose model_type is gemma4_assistant)."""
+    name = str(name_or_path)
+    if name.endswith(ASSISTANT_SUFFIX):
+        return True
+    try:
+        path = resolve_config_path(name)
+    except (FileNotFoundError, ValueError, UnsupportedConfigError):
+        return False  # not a config this engine can find: loading it reports why
+    return json.loads(path.read_text()).get("model_type") == "gemma4_assistant"
+
+
 def load_drafter_config(name_or_path: str | Path) -> DrafterConfig:
     """A preset ("tiny-a-assistant", "e2b-assistant"), a config.json or a checkpoint directory."""
     name = str(name_or_path)

@@ -5,7 +5,8 @@ Data flow::
     LaunchSpec (model, engine shape, limits, security) ──run_server──▶
         load_engine → tokenizer → Scheduler → create_app(ServerSettings) → transport.make_server
         bind the socket, print what is served where, run uvicorn until SIGINT/SIGTERM
-        ──▶ exit status: 0, or 3 when the engine died or stalled (`exit_on_engine_failure`)
+        ──▶ exit status: 0, 2 when the draft model cannot serve (speculation), or 3 when the engine
+            died or stalled (`exit_on_engine_failure`)
 
 Two callers: the `g4bench serve` command (which maps its flags onto a spec) and the harness, which
 starts a server for a load test as a child process with ``python -m g4bench.server.launch
@@ -56,12 +57,24 @@ class LaunchSpec:
     idle_timeout_s: float = 10.0
     shutdown_timeout_s: float = 5.0
     served_model_name: str | None = None
+    draft_model: str | None = None  # speculative decoding: a model with the target's vocabulary
+    spec_k: int = 0  # drafts verified per round (0: off; needs draft_model)
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in ("bf16", "int8"):
             raise ValueError(f"kv_dtype must be bf16 or int8, got {self.kv_dtype!r}")
         if self.sliding_kv not in ("ring", "full"):
             raise ValueError(f"sliding_kv must be ring or full, got {self.sliding_kv!r}")
+        if (self.spec_k > 0) != (self.draft_model is not None):
+            raise ValueError("speculative decoding needs both --draft-model and --spec-k >= 1")
+        if self.spec_k < 0:
+            raise ValueError(f"spec_k must be >= 0, got {self.spec_k}")
+        if self.spec_k and self.prefill_policy == "mixed":
+            raise ValueError("speculative decoding runs the chunk prefill policy, not mixed")
+        if self.spec_k and self.kv_layout == "contiguous" and self.sliding_kv == "ring":
+            raise ValueError("speculative decoding needs the paged KV layout or --sliding-kv full")
+        if self.spec_k and not 1 <= self.spec_k < self.chunk_size:
+            raise ValueError(f"spec_k must be 1..{self.chunk_size - 1} (below the chunk size), got {self.spec_k}")
         self.step()  # validates layout, sliding KV, KV dtype, token budget and prefill policy together
         if self.prefill_policy == "mixed" and self.kv_layout != "paged":
             raise ValueError("prefill_policy mixed needs kv_layout paged (the contiguous layout runs chunk)")
@@ -77,7 +90,7 @@ class LaunchSpec:
         """The served step this server runs (what a profile must be fitted on to predict it)."""
         return ServedStep.served(kv_layout=self.kv_layout, sliding_kv=self.sliding_kv, kv_dtype=self.kv_dtype,
                                  chunk_size=self.chunk_size, max_batched_tokens=self.max_batched_tokens,
-                                 prefill_policy=self.prefill_policy)  # fmt: skip
+                                 prefill_policy="chunk" if self.spec_k else self.prefill_policy)  # fmt: skip
 
     def server_settings(self, api_key: str | None, on_engine_failure: Any = None) -> ServerSettings:
         """The app's limits and security for this spec (raises ValueError on a bad limit)."""
@@ -109,6 +122,29 @@ class LaunchSpec:
         if "allowed_hosts" in data:
             data["allowed_hosts"] = tuple(data["allowed_hosts"])
         return cls(**data)
+
+
+def speculation(spec: LaunchSpec, target: Any) -> Any:
+    """The `SpecDecoder` for `spec.draft_model` (None without speculation): a draft engine with the
+    target's slots and positions, contiguous with full-length sliding KV (its rejected drafts are
+    overwritten the next round; see g4bench/engine/spec_batch.py)."""
+    if not spec.spec_k or spec.draft_model is None:
+        return None
+    from g4bench.engine.engine_config import EngineConfig
+    from g4bench.engine.loading import load_engine
+    from g4bench.engine.spec_batch import SpecDecoder
+    from g4bench.model.drafter import is_assistant
+
+    if is_assistant(spec.draft_model):
+        raise ValueError(
+            f"{spec.draft_model} is a Gemma 4 assistant drafter: it drafts from the target's hidden state "
+            "and KV, which the serving engine does not hand out yet; serve a draft model with the "
+            "target's vocabulary instead (any preset or checkpoint)"
+        )
+    ecfg = EngineConfig(max_slots=spec.max_slots, max_len=spec.max_len, kv_dtype=spec.kv_dtype,
+                        chunk_size=spec.chunk_size, kv_layout="contiguous", sliding_kv="full")  # fmt: skip
+    draft, _ = load_engine(spec.draft_model, ecfg)
+    return SpecDecoder(target, draft, spec.spec_k)
 
 
 def run_server(spec: LaunchSpec, api_key: str | None = None, console: Any = None) -> int:
@@ -143,7 +179,14 @@ def run_server(spec: LaunchSpec, api_key: str | None = None, console: Any = None
     engine, tokenizer_dir = load_engine(spec.model, ecfg)
     tokenizer = load_tokenizer(tokenizer_dir, engine.cfg.vocab_size)
     name = spec.served_model_name or spec.model
-    scheduler = Scheduler(engine, max_waiting=spec.max_waiting)
+    try:
+        decoder = speculation(spec, engine)
+    except ValueError as err:
+        from rich.markup import escape
+
+        console.print(f"[red]error[/]: {escape(str(err))}")
+        return 2
+    scheduler = Scheduler(engine, max_waiting=spec.max_waiting, spec=decoder)
     app = create_app(scheduler, tokenizer, name, settings)
     fds = raise_fd_limit()
     server = make_server(
@@ -164,7 +207,8 @@ def run_server(spec: LaunchSpec, api_key: str | None = None, console: Any = None
         f"serving [bold]{name}[/] on http://{bound_host}:{bound_port}/v1 "
         f"(tokenizer: {tokenizer_dir or 'synthetic'}, {spec.max_slots} slots x {spec.max_len} positions, "
         f"KV {spec.kv_dtype}/{spec.sliding_kv}, chunk {spec.chunk_size}, {ecfg.policy} prefill "
-        f"(≤{spec.max_batched_tokens} tokens a call), {spec.max_connections} connections, "
+        f"(≤{spec.max_batched_tokens} tokens a call), "
+        f"{f'speculative k={spec.spec_k} with {spec.draft_model}, ' if spec.spec_k else ''}{spec.max_connections} connections, "
         f"{fds} open files{', API key required' if api_key else ''}); /health is 503 until warm-up is done"
     )
 

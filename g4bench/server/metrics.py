@@ -1,7 +1,8 @@
 """Prometheus metrics for one app, in the app's own `CollectorRegistry` (two apps in one process,
 as in tests, never collide).
 
-Data flow: the scheduler calls `on_step` after every decode step and `on_finish` for every request
+Data flow: the scheduler calls `on_step` after every decode step, `on_spec` after every speculative
+round (servers with --spec-k: the g4bench_spec_* counters) and `on_finish` for every request
 (both in the engine thread; prometheus-client is thread-safe); the app calls `count_request` once per
 HTTP request with its outcome; gauges for active slots, waiting requests and readiness read the
 scheduler when /metrics is scraped.
@@ -18,6 +19,9 @@ from g4bench.engine.block_cache import BlockCache
 from g4bench.engine.scheduler import RequestResult, Scheduler
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0)
+# what a server with --spec-k exports, as scraped (counters carry prometheus-client's _total)
+SPEC_SERIES = ("g4bench_spec_verify_rows_total", "g4bench_spec_draft_tokens_total",
+               "g4bench_spec_accepted_tokens_total", "g4bench_spec_k")  # fmt: skip
 TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.2, 0.5, 1.0, 2.5)
 
 
@@ -76,6 +80,17 @@ class ServerMetrics:
         )
         if getattr(scheduler, "paged", False):
             _block_cache_gauges(scheduler, r)
+        self.spec: dict[str, Counter] = {}
+        spec = getattr(scheduler, "spec", None)
+        if spec is not None:
+            # vLLM's spec_decode_num_drafts / num_draft_tokens / num_accepted_tokens; mean acceptance
+            # length = 1 + accepted ÷ rows (tokens a request gains per verify call)
+            self.spec = {
+                "rows": Counter("g4bench_spec_verify_rows", "Request rows verified (one per request per round)", registry=r),
+                "drafted": Counter("g4bench_spec_draft_tokens", "Draft tokens verified", registry=r),
+                "accepted": Counter("g4bench_spec_accepted_tokens", "Draft tokens the target kept", registry=r),
+            }
+            Gauge("g4bench_spec_k", "Drafts per verify row", registry=r).set(spec.k)
         info = Gauge("g4bench_model_info", "Served model", ["model"], registry=r)
         info.labels(model=model_name).set(1)
         for kind in ("computed", "reused"):
@@ -85,6 +100,11 @@ class ServerMetrics:
     def on_step(self, active: int, slots: int) -> None:
         self.decode_steps.inc()
         self.occupancy.observe(active)
+
+    def on_spec(self, drafted: int, accepted: int, rows: int) -> None:
+        self.spec["rows"].inc(rows)
+        self.spec["drafted"].inc(drafted)
+        self.spec["accepted"].inc(accepted)
 
     def on_finish(self, result: RequestResult) -> None:
         self.prompt_tokens.labels(kind="computed").inc(result.computed_tokens)

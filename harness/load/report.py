@@ -74,6 +74,8 @@ def level_summary(level: LevelResult, result: RunResult) -> dict[str, Any]:
         out |= metrics.prefix_reuse(recs, out["by_turn"], shared_prefix=shared)
     if level.tool_calls is not None:
         out["tool_calls"] = level.tool_calls
+    if level.speculation is not None:
+        out["speculation"] = level.speculation
     few = metrics.few_samples_line(out["few_samples"])
     out["warnings"] = ([few] if few else []) + checks.check_warnings(block)
     return out
@@ -304,6 +306,12 @@ def print_closing(console: Any, summary: dict[str, Any], run_dir: Path) -> None:
                 f"  c={c}: first-turn TTFT: first agent {_fmt(lv.get('ttft_first_turn_lead_ms'))} ms "
                 f"(computes the shared prefix), the others median "
                 f"{_fmt(lv.get('ttft_first_turn_rest_median_ms'))} / max {_fmt(lv.get('ttft_first_turn_rest_max_ms'))} ms"
+            )
+        spec = lv.get("speculation")
+        if spec is not None:
+            console.print(
+                f"  c={c}: speculation: {int(spec['verify_rows'])} verify rows, acceptance rate "
+                f"{_fmt(spec['acceptance_rate'], 3)}, mean acceptance length {_fmt(spec['mean_acceptance_length'], 2)} tokens"
             )
         tools = lv.get("tool_calls")
         if tools is not None:

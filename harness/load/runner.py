@@ -37,7 +37,7 @@ import httpx
 
 from harness.load.client import RequestRecord, RequestSpec, stream_request
 from harness.load.server import ManagedServer, alive
-from harness.load.server_metrics import MetricsScraper
+from harness.load.server_metrics import MetricsScraper, fetch_snapshot, speculation_block
 from harness.load.slo import SLO
 from harness.load.tool_workload import ToolCallStats, ToolTask, ToolWorkloadConfig
 from harness.load.workloads import Api, Task, WorkloadConfig, arrival_times, make_tasks
@@ -70,6 +70,7 @@ class LevelResult:
     tool_calls: dict | None = None  # tools workload: ToolCallStats.summary()
     start_s: float = 0.0  # when the level began, s from the run's start (its records count from here)
     rate: float | None = None  # open loop: this level's arrival rate, when it differs from cfg.rate
+    speculation: dict | None = None  # a --spec-k server: server_metrics.speculation_block over the level
 
 
 @dataclass
@@ -300,9 +301,12 @@ def run_load(
             if on_level_start:
                 on_level_start(conc, expected)
             current.clear()
+            before = await fetch_snapshot(client, cfg.base_url, auth_headers(cfg))
             started["t"], started["conc"] = time.perf_counter(), conc
             level = await _run_level(cfg, conc, client, server, on_record or (lambda r: None), current)
-            result.levels.append(replace(level, records=list(current), start_s=started["t"] - t_origin))
+            spec = speculation_block(before, await fetch_snapshot(client, cfg.base_url, auth_headers(cfg)))
+            result.levels.append(replace(level, records=list(current), start_s=started["t"] - t_origin,
+                                         speculation=spec))  # fmt: skip
             current.clear()
             if level.partial_reason:
                 result.partial_reason = level.partial_reason

@@ -48,14 +48,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def serve_command(
-    model: str, max_slots: int, max_len: int, port: int, prefill_policy: str | None = None
-) -> list[str]:
+    model: str, max_slots: int, max_len: int, port: int, prefill_policy: str | None = None,
+    draft_model: str | None = None, spec_k: int = 0,
+) -> list[str]:  # fmt: skip
     """The child command line: `g4bench.server.launch` run with a `LaunchSpec` (by value, not by the
     serve command's flag names), loopback only."""
     from g4bench.server.launch import LaunchSpec
 
     spec = LaunchSpec(model=model, max_slots=max_slots, max_len=max_len, host="127.0.0.1", port=port,
-                      prefill_policy=prefill_policy)  # fmt: skip
+                      prefill_policy=prefill_policy, draft_model=draft_model, spec_k=spec_k)  # fmt: skip
     return [sys.executable, "-m", "g4bench.server.launch", spec.to_json()]
 
 

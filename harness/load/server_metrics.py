@@ -14,6 +14,7 @@ and waiting, KV usage, the prefix-cache hit rate over the interval, and the batc
 | prefix hits    | g4bench_prompt_tokens_total{kind=reused}        | vllm:prefix_cache_hits_total (or vllm:gpu_prefix_cache_…) |
 | prefix queries | g4bench_prompt_tokens_total{kind=reused+computed} | vllm:prefix_cache_queries_total (or …gpu_prefix_cache_…) |
 | batch size     | Δ g4bench_batch_occupancy sum ÷ Δ count (mean decoding slots per step) | running (vLLM exports no per-step batch) |
+| speculation    | Δ g4bench_spec_{verify_rows,draft_tokens,accepted_tokens}_total over a level (`speculation_block`) | — |
 
 vLLM's `*_perc` gauges are fractions (0–1) despite the name. Series with several label sets (vLLM's
 `model_name`, `engine`) are summed. Our prompt-token counters move when a request finishes, so our
@@ -51,6 +52,9 @@ class Snapshot:
     prefix_queries: float | None = None
     batch_sum: float | None = None  # ours: Σ decoding slots over decode steps
     batch_steps: float | None = None  # ours: decode steps
+    spec_rows: float | None = None  # ours with --spec-k: request rows verified
+    spec_drafted: float | None = None  # … draft tokens verified
+    spec_accepted: float | None = None  # … draft tokens kept
 
     @property
     def known(self) -> bool:
@@ -89,6 +93,9 @@ def parse_metrics(text: str) -> Snapshot:
         snap.prefix_queries = total(("g4bench_prompt_tokens_total",))
         snap.batch_sum = total(("g4bench_batch_occupancy_sum",))
         snap.batch_steps = total(("g4bench_batch_occupancy_count",))
+        snap.spec_rows = total(("g4bench_spec_verify_rows_total",))
+        snap.spec_drafted = total(("g4bench_spec_draft_tokens_total",))
+        snap.spec_accepted = total(("g4bench_spec_accepted_tokens_total",))
     else:
         snap.kv_usage, snap.prefix_hits, snap.prefix_queries = total(KV_USAGE), total(HITS), total(QUERIES)
     return snap
@@ -115,6 +122,29 @@ def derive(t_s: float, cur: Snapshot, prev: Snapshot | None) -> dict[str, Any]:
         row["batch_size"] = cur.running
         row["batch_size_basis"] = "requests running (the server exports no per-step batch)"
     return row
+
+
+async def fetch_snapshot(client: httpx.AsyncClient, base_url: str, headers: dict[str, str] | None) -> Snapshot | None:
+    """One /metrics snapshot, or None when the server does not answer with readable metrics."""
+    try:
+        r = await client.get(base_url + "/metrics", headers=headers, timeout=5.0)
+        return parse_metrics(r.text) if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def speculation_block(before: Snapshot | None, after: Snapshot | None) -> dict[str, Any] | None:
+    """A level's speculative decoding from the counters' change over it (None: the server exports
+    none): rows verified, drafts, kept drafts, the acceptance rate (kept ÷ drafted) and the mean
+    acceptance length (tokens a request gains per verify call: 1 + kept ÷ rows; vLLM's meaning)."""
+    if before is None or after is None or after.spec_rows is None or before.spec_rows is None:
+        return None
+    rows = after.spec_rows - before.spec_rows
+    drafted = (after.spec_drafted or 0.0) - (before.spec_drafted or 0.0)
+    accepted = (after.spec_accepted or 0.0) - (before.spec_accepted or 0.0)
+    return {"verify_rows": rows, "draft_tokens": drafted, "accepted_tokens": accepted,
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "mean_acceptance_length": 1 + accepted / rows if rows else None}  # fmt: skip
 
 
 @dataclass
