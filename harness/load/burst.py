@@ -9,8 +9,11 @@ prefill policy, each on its own freshly started server (harness/load/server.py),
 - the lone cold prompt's TTFT (the median of `lone` single 200-token prompts sent alone, each of
   fresh tokens, after warm-up), the burst prompts' TTFTs in arrival order of their first tokens,
   and the ratio of the last to the lone one (bar: ≤ 6× with the default token budget);
+- the same single prompts sent one at a time while the streams decode (before the burst): the
+  control for what the burst adds over one arrival into the same running server (printed beside
+  the bar's ratio, which divides by the idle server's lone prompt);
 - the running streams' inter-token gaps: the largest gap that overlaps the burst (from the burst's
-  send to its last first token) against the streams' median gap before the burst (bar: ≤ 5×).
+  send to its last first token) against the streams' median gap before those prompts (bar: ≤ 5×).
 
 Every time is client-side over HTTP (`stream_request`), so it includes what a user sees.
 """
@@ -78,20 +81,24 @@ async def _measure(base_url: str, s: BurstSettings, rng: random.Random) -> dict[
         streams = [asyncio.create_task(send(_spec(s.model, _ids(rng, 16), s.stream_tokens, f"stream{i}")))
                    for i in range(s.streams)]  # fmt: skip
         await asyncio.sleep(s.lead_s)  # the streams run alone first: their before-burst gaps
+        loaded_send = time.perf_counter() - t0
+        # the same single prompts while the streams decode: a burst of one into the same server
+        loaded = [await send(_spec(s.model, _ids(rng, s.prompt_len), 8, f"loaded{i}")) for i in range(s.lone)]
         burst_send = time.perf_counter() - t0
         burst = await asyncio.gather(*(send(_spec(s.model, _ids(rng, s.prompt_len), 8, f"burst{i}"))
                                        for i in range(s.burst)))  # fmt: skip
         running = await asyncio.gather(*streams)
-    failed = [r.request_id for r in [*lone, *burst, *running] if not r.ok]
+    failed = [r.request_id for r in [*lone, *loaded, *burst, *running] if not r.ok]
     if failed:
         raise RuntimeError(f"requests failed: {', '.join(failed)}")
     lone_ttft = float(np.median([r.chunk_times[0] for r in lone]))
+    loaded_ttft = float(np.median([r.chunk_times[0] for r in loaded]))
     ttfts = sorted(r.chunk_times[0] for r in burst)
     burst_end = max(r.send_s + r.chunk_times[0] for r in burst)
     before, during = [], []
     for r in running:
         at, gaps = _gaps(r)
-        before += gaps[at[1:] < burst_send].tolist()
+        before += gaps[at[1:] < loaded_send].tolist()
         # a gap overlaps the burst when it ends after the send and starts before the last first token
         during += gaps[(at[1:] > burst_send) & (at[:-1] < burst_end)].tolist()
     if len(before) < 5 or not during:
@@ -103,6 +110,8 @@ async def _measure(base_url: str, s: BurstSettings, rng: random.Random) -> dict[
         "lone_ttft_ms": 1e3 * lone_ttft,
         "burst_ttft_ms": [1e3 * t for t in ttfts],
         "last_over_lone": ttfts[-1] / lone_ttft,
+        "lone_beside_streams_ttft_ms": 1e3 * loaded_ttft,
+        "last_over_lone_beside_streams": ttfts[-1] / loaded_ttft,
         "stream_median_gap_ms": 1e3 * median_gap,
         "stream_max_gap_during_burst_ms": 1e3 * max(during),
         "max_gap_over_median": max(during) / median_gap,
@@ -141,8 +150,12 @@ def summary_line(f: dict[str, Any]) -> str:
     if "failure" in f:
         return f"FAILED {f['failure']}"
     ttfts = ", ".join(f"{t:.0f}" for t in f["burst_ttft_ms"])
+    beside = ""
+    if "lone_beside_streams_ttft_ms" in f:
+        beside = (f" (÷ a lone prompt beside the same streams, {f['lone_beside_streams_ttft_ms']:.0f} ms: "
+                  f"{f['last_over_lone_beside_streams']:.2f}×)")  # fmt: skip
     return (f"lone cold TTFT {f['lone_ttft_ms']:.0f} ms; burst TTFTs {ttfts} ms; last ÷ lone "
-            f"{f['last_over_lone']:.2f}×; streams' largest gap in the burst {f['stream_max_gap_during_burst_ms']:.0f} ms "
+            f"{f['last_over_lone']:.2f}×{beside}; streams' largest gap in the burst {f['stream_max_gap_during_burst_ms']:.0f} ms "
             f"= {f['max_gap_over_median']:.2f}× their median {f['stream_median_gap_ms']:.0f} ms")  # fmt: skip
 
 
