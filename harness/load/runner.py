@@ -13,7 +13,9 @@
    not, it stops sending, keeps what it has and marks the run `partial` with the reason. Ctrl-C does
    the same ("interrupted") before re-raising.
 5. Server metrics: beside the levels, server_metrics.py scrapes /metrics every `metrics_period_s`
-   (ours or vLLM's names); the rows and their status land in the `RunResult` (metrics.jsonl).
+   (ours or vLLM's names); the rows and their status land in the `RunResult` (metrics.jsonl). With
+   scraping on, one snapshot before and after each level gives that level's speculative decoding
+   (a --spec-k server's g4bench_spec_* counters: `LevelResult.speculation`).
 6. report.py writes the run folder from the `RunResult`.
 
 replay.py (`--trace`) and find_max.py (`--find-max`) reuse these pieces: the client, the transport
@@ -301,10 +303,12 @@ def run_load(
             if on_level_start:
                 on_level_start(conc, expected)
             current.clear()
-            before = await fetch_snapshot(client, cfg.base_url, auth_headers(cfg))
+            scrape = cfg.metrics_period_s > 0
+            before = await fetch_snapshot(client, cfg.base_url, auth_headers(cfg)) if scrape else None
             started["t"], started["conc"] = time.perf_counter(), conc
             level = await _run_level(cfg, conc, client, server, on_record or (lambda r: None), current)
-            spec = speculation_block(before, await fetch_snapshot(client, cfg.base_url, auth_headers(cfg)))
+            after = await fetch_snapshot(client, cfg.base_url, auth_headers(cfg)) if scrape else None
+            spec = speculation_block(before, after)
             result.levels.append(replace(level, records=list(current), start_s=started["t"] - t_origin,
                                          speculation=spec))  # fmt: skip
             current.clear()

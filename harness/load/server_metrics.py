@@ -124,7 +124,9 @@ def derive(t_s: float, cur: Snapshot, prev: Snapshot | None) -> dict[str, Any]:
     return row
 
 
-async def fetch_snapshot(client: httpx.AsyncClient, base_url: str, headers: dict[str, str] | None) -> Snapshot | None:
+async def fetch_snapshot(
+    client: httpx.AsyncClient, base_url: str, headers: dict[str, str] | None
+) -> Snapshot | None:
     """One /metrics snapshot, or None when the server does not answer with readable metrics."""
     try:
         r = await client.get(base_url + "/metrics", headers=headers, timeout=5.0)

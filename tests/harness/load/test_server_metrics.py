@@ -106,3 +106,24 @@ def test_scraper_rows_and_later_failures_counted() -> None:
     s = scrape(lambda req: next(answers))
     assert s.status == "ok" and len(s.rows) == 2 and s.errors == 1
     assert [r["t_s"] for r in s.rows] == [0.0, 2.0] and s.block()["source"] == "vllm"
+
+
+def test_a_level_reads_speculation_from_the_counters_change() -> None:
+    from harness.load.server_metrics import speculation_block
+
+    def text(rows: int, drafted: int, accepted: int) -> str:
+        return (
+            "# TYPE g4bench_active_slots gauge\ng4bench_active_slots 1.0\n"
+            f"# TYPE g4bench_spec_verify_rows counter\ng4bench_spec_verify_rows_total {rows}\n"
+            f"# TYPE g4bench_spec_draft_tokens counter\ng4bench_spec_draft_tokens_total {drafted}\n"
+            f"# TYPE g4bench_spec_accepted_tokens counter\ng4bench_spec_accepted_tokens_total {accepted}\n"
+        )
+
+    block = speculation_block(parse_metrics(text(10, 30, 20)), parse_metrics(text(50, 150, 80)))
+    assert block is not None
+    assert block["verify_rows"] == 40 and block["draft_tokens"] == 120 and block["accepted_tokens"] == 60
+    assert block["acceptance_rate"] == pytest.approx(0.5)
+    assert block["mean_acceptance_length"] == pytest.approx(2.5)  # 1 + 60 / 40
+    plain = parse_metrics("# TYPE g4bench_active_slots gauge\ng4bench_active_slots 1.0\n")
+    assert speculation_block(plain, plain) is None  # a server without speculation
+    assert speculation_block(None, parse_metrics(text(1, 3, 3))) is None  # a failed scrape
