@@ -24,6 +24,9 @@ Fields:
   or "chunk" (one prefill chunk of one prompt per loop turn beside a separate decode call; the older
   policy, kept for side-by-side measurement);
 - attention: "auto" (the platform's attention implementation) or a named one.
+
+`check_speculation` holds the rules a step must meet for speculative decoding (spec_batch.py);
+`LaunchSpec` checks them before the model loads, `SpecDecoder` on the engine it is given.
 """
 
 from __future__ import annotations
@@ -36,6 +39,19 @@ SLIDING_KV = ("ring", "full")
 KV_DTYPES = ("bf16", "int8")
 PREFILL_POLICIES = ("mixed", "chunk")
 DEFAULT_MAX_BATCHED_TOKENS = 512
+
+
+def check_speculation(k: int, *, chunk_size: int, kv_layout: str, sliding_kv: str) -> None:
+    """ValueError unless k drafts per round fit a step of this shape: k below the chunk size, and
+    a cache that survives k rejected positions past the context (the contiguous ring of W positions
+    would lose keys the window still reads)."""
+    if not 1 <= k < chunk_size:
+        raise ValueError(f"spec k must be 1..{chunk_size - 1} (below the chunk size), got {k}")
+    if kv_layout == "contiguous" and sliding_kv == "ring":
+        raise ValueError(
+            "speculative decoding needs the paged KV layout or --sliding-kv full: a contiguous ring "
+            "holds exactly the window, and a rejected draft's write would overwrite a key it still reads"
+        )
 
 
 @dataclass(frozen=True)

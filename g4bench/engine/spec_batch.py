@@ -38,6 +38,7 @@ import numpy as np
 
 from g4bench.engine.engine import Engine
 from g4bench.engine.sampling import CANDIDATES, SamplingParams
+from g4bench.engine.served_step import check_speculation
 from g4bench.engine.spec_decode import Verifier
 from g4bench.engine.speculative import accept_draft
 
@@ -100,16 +101,9 @@ class SpecOutcome:
 
 
 def check_layout(engine: Engine, k: int) -> None:
-    """ValueError unless `engine`'s cache survives k rejected positions past the context: the
-    contiguous ring of W positions would lose keys the window still reads."""
+    """ValueError unless `engine`'s step can run k drafts per round (served_step.check_speculation)."""
     e = engine.ecfg
-    if not 1 <= k < e.chunk_size:
-        raise ValueError(f"spec k must be 1..{e.chunk_size - 1} (below the chunk size), got {k}")
-    if e.kv_layout == "contiguous" and e.sliding_kv == "ring":
-        raise ValueError(
-            "speculative decoding needs the paged KV layout or --sliding-kv full: a contiguous ring "
-            "holds exactly the window, and a rejected draft's write would overwrite a key it still reads"
-        )
+    check_speculation(k, chunk_size=e.chunk_size, kv_layout=e.kv_layout, sliding_kv=e.sliding_kv)
 
 
 class DraftModel:

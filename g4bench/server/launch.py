@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass, fields
 from typing import Any
 
-from g4bench.engine.served_step import DEFAULT_MAX_BATCHED_TOKENS, ServedStep
+from g4bench.engine.served_step import DEFAULT_MAX_BATCHED_TOKENS, ServedStep, check_speculation
 from g4bench.server.settings import API_KEY_ENV, ServerSettings
 
 DEFAULTS = ServerSettings()
@@ -71,10 +71,9 @@ class LaunchSpec:
             raise ValueError(f"spec_k must be >= 0, got {self.spec_k}")
         if self.spec_k and self.prefill_policy == "mixed":
             raise ValueError("speculative decoding runs the chunk prefill policy, not mixed")
-        if self.spec_k and self.kv_layout == "contiguous" and self.sliding_kv == "ring":
-            raise ValueError("speculative decoding needs the paged KV layout or --sliding-kv full")
-        if self.spec_k and not 1 <= self.spec_k < self.chunk_size:
-            raise ValueError(f"spec_k must be 1..{self.chunk_size - 1} (below the chunk size), got {self.spec_k}")
+        if self.spec_k:
+            check_speculation(self.spec_k, chunk_size=self.chunk_size, kv_layout=self.kv_layout,
+                              sliding_kv=self.sliding_kv)  # fmt: skip
         self.step()  # validates layout, sliding KV, KV dtype, token budget and prefill policy together
         if self.prefill_policy == "mixed" and self.kv_layout != "paged":
             raise ValueError("prefill_policy mixed needs kv_layout paged (the contiguous layout runs chunk)")
