@@ -15,6 +15,11 @@ prefill policy, each on its own freshly started server (harness/load/server.py),
 - the running streams' inter-token gaps: the largest gap that overlaps the burst (from the burst's
   send to its last first token) against the streams' median gap before those prompts (bar: ≤ 5×).
 
+Each server runs `rounds` such rounds (lone prompts on the idle server, streams, loaded prompts,
+burst); a policy's figures are the medians over its rounds, with the bar ratios' [min, max] and
+every round kept in burst.json (`round_figures` per round, `combine` across them): one burst on a
+shared 2-core host moves its ratio by ±10% from run to run.
+
 Every time is client-side over HTTP (`stream_request`), so it includes what a user sees.
 """
 
@@ -31,6 +36,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import typer
 
 from harness.load.client import RequestRecord, RequestSpec, stream_request
 
@@ -50,6 +56,7 @@ class BurstSettings:
     lead_s: float = 3.0
     seed: int = 0
     timeout_s: float = 600.0
+    rounds: int = 3
 
 
 def _ids(rng: random.Random, n: int) -> list[int]:
@@ -68,8 +75,25 @@ def _gaps(rec: RequestRecord) -> tuple[np.ndarray, np.ndarray]:
     return at, np.diff(at)
 
 
-async def _measure(base_url: str, s: BurstSettings, rng: random.Random) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RoundRecords:
+    """One round's requests: the idle server's lone prompts, the same prompts beside the running
+    streams (`loaded`), the burst, the streams; `loaded_send` / `burst_send` when those began
+    (seconds from the run's start, as every record's `send_s`)."""
+
+    lone: list[RequestRecord]
+    loaded: list[RequestRecord]
+    burst: list[RequestRecord]
+    streams: list[RequestRecord]
+    loaded_send: float
+    burst_send: float
+
+
+async def _measure(base_url: str, s: BurstSettings, rng: random.Random) -> list[RoundRecords]:
+    """`s.rounds` rounds against one server, each: lone prompts, streams started, their lead, the
+    loaded prompts, the burst, then the streams to their end."""
     t0 = time.perf_counter()
+    rounds = []
     async with httpx.AsyncClient(timeout=s.timeout_s) as client:
 
         async def send(spec: RequestSpec) -> RequestRecord:
@@ -77,30 +101,41 @@ async def _measure(base_url: str, s: BurstSettings, rng: random.Random) -> dict[
                                         timeout_s=s.timeout_s)  # fmt: skip
 
         await send(_spec(s.model, _ids(rng, s.prompt_len), 4, "warm"))  # the first request's host paths
-        lone = [await send(_spec(s.model, _ids(rng, s.prompt_len), 8, f"lone{i}")) for i in range(s.lone)]
-        streams = [asyncio.create_task(send(_spec(s.model, _ids(rng, 16), s.stream_tokens, f"stream{i}")))
-                   for i in range(s.streams)]  # fmt: skip
-        await asyncio.sleep(s.lead_s)  # the streams run alone first: their before-burst gaps
-        loaded_send = time.perf_counter() - t0
-        # the same single prompts while the streams decode: a burst of one into the same server
-        loaded = [await send(_spec(s.model, _ids(rng, s.prompt_len), 8, f"loaded{i}")) for i in range(s.lone)]
-        burst_send = time.perf_counter() - t0
-        burst = await asyncio.gather(*(send(_spec(s.model, _ids(rng, s.prompt_len), 8, f"burst{i}"))
-                                       for i in range(s.burst)))  # fmt: skip
-        running = await asyncio.gather(*streams)
-    failed = [r.request_id for r in [*lone, *loaded, *burst, *running] if not r.ok]
+        for k in range(s.rounds):
+            lone = [
+                await send(_spec(s.model, _ids(rng, s.prompt_len), 8, f"r{k}-lone{i}")) for i in range(s.lone)
+            ]
+            streams = [asyncio.create_task(send(_spec(s.model, _ids(rng, 16), s.stream_tokens, f"r{k}-stream{i}")))
+                       for i in range(s.streams)]  # fmt: skip
+            await asyncio.sleep(s.lead_s)  # the streams run alone first: their before-burst gaps
+            loaded_send = time.perf_counter() - t0
+            # the same single prompts while the streams decode: a burst of one into the same server
+            loaded = [await send(_spec(s.model, _ids(rng, s.prompt_len), 8, f"r{k}-loaded{i}"))
+                      for i in range(s.lone)]  # fmt: skip
+            burst_send = time.perf_counter() - t0
+            burst = await asyncio.gather(*(send(_spec(s.model, _ids(rng, s.prompt_len), 8, f"r{k}-burst{i}"))
+                                           for i in range(s.burst)))  # fmt: skip
+            running = await asyncio.gather(*streams)
+            rounds.append(RoundRecords(lone, loaded, list(burst), list(running), loaded_send, burst_send))
+    return rounds
+
+
+def round_figures(r: RoundRecords) -> dict[str, Any]:
+    """One round's figures: TTFTs (ms), the bar's ratios, the streams' gaps (see the module docstring).
+    Raises if a request failed or the streams left too few gaps to judge."""
+    failed = [x.request_id for x in [*r.lone, *r.loaded, *r.burst, *r.streams] if not x.ok]
     if failed:
         raise RuntimeError(f"requests failed: {', '.join(failed)}")
-    lone_ttft = float(np.median([r.chunk_times[0] for r in lone]))
-    loaded_ttft = float(np.median([r.chunk_times[0] for r in loaded]))
-    ttfts = sorted(r.chunk_times[0] for r in burst)
-    burst_end = max(r.send_s + r.chunk_times[0] for r in burst)
+    lone_ttft = float(np.median([x.chunk_times[0] for x in r.lone]))
+    loaded_ttft = float(np.median([x.chunk_times[0] for x in r.loaded]))
+    ttfts = sorted(x.chunk_times[0] for x in r.burst)
+    burst_end = max(x.send_s + x.chunk_times[0] for x in r.burst)
     before, during = [], []
-    for r in running:
-        at, gaps = _gaps(r)
-        before += gaps[at[1:] < loaded_send].tolist()
+    for x in r.streams:
+        at, gaps = _gaps(x)
+        before += gaps[at[1:] < r.loaded_send].tolist()
         # a gap overlaps the burst when it ends after the send and starts before the last first token
-        during += gaps[(at[1:] > burst_send) & (at[:-1] < burst_end)].tolist()
+        during += gaps[(at[1:] > r.burst_send) & (at[:-1] < burst_end)].tolist()
     if len(before) < 5 or not during:
         raise RuntimeError(
             f"too few stream gaps to judge ({len(before)} before, {len(during)} during the burst)"
@@ -116,6 +151,22 @@ async def _measure(base_url: str, s: BurstSettings, rng: random.Random) -> dict[
         "stream_max_gap_during_burst_ms": 1e3 * max(during),
         "max_gap_over_median": max(during) / median_gap,
     }
+
+
+def combine(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rounds' figures → the policy's: each figure's median over rounds (the burst's TTFTs those of
+    the round with the median ratio), the two bar ratios' [min, max], and every round as measured."""
+    if not rounds:
+        raise ValueError("no rounds to combine")
+    scalars = [k for k, v in rounds[0].items() if not isinstance(v, list)]
+    out: dict[str, Any] = {k: float(np.median([r[k] for r in rounds])) for k in scalars}
+    ratios = [r["last_over_lone"] for r in rounds]
+    middle = sorted(range(len(rounds)), key=lambda i: ratios[i])[(len(rounds) - 1) // 2]
+    out["burst_ttft_ms"] = rounds[middle]["burst_ttft_ms"]
+    for k in ("last_over_lone", "max_gap_over_median"):
+        out[f"{k}_range"] = [min(r[k] for r in rounds), max(r[k] for r in rounds)]
+    out["rounds"] = rounds
+    return out
 
 
 def run_burst(s: BurstSettings, out: Path, log: Any = print) -> dict[str, Any]:
@@ -135,7 +186,8 @@ def run_burst(s: BurstSettings, out: Path, log: Any = print) -> dict[str, Any]:
         log(f"burst: starting the {policy} server (warm-up compiles every shape) …")
         try:
             server.start()
-            figures = asyncio.run(_measure(server.base_url, s, random.Random(s.seed)))
+            rounds = asyncio.run(_measure(server.base_url, s, random.Random(s.seed)))
+            figures = combine([round_figures(r) for r in rounds])
         except Exception as exc:  # noqa: BLE001 -- recorded in burst.json; the other policy still runs
             figures = {"failure": f"{type(exc).__name__}: {exc}"}
         finally:
@@ -150,13 +202,20 @@ def summary_line(f: dict[str, Any]) -> str:
     if "failure" in f:
         return f"FAILED {f['failure']}"
     ttfts = ", ".join(f"{t:.0f}" for t in f["burst_ttft_ms"])
+    n = len(f.get("rounds", [])) or 1
+
+    def spread(key: str) -> str:
+        return f" [{f[key][0]:.2f}–{f[key][1]:.2f} over {n} rounds]" if key in f and n > 1 else ""
+
     beside = ""
     if "lone_beside_streams_ttft_ms" in f:
         beside = (f" (÷ a lone prompt beside the same streams, {f['lone_beside_streams_ttft_ms']:.0f} ms: "
                   f"{f['last_over_lone_beside_streams']:.2f}×)")  # fmt: skip
     return (f"lone cold TTFT {f['lone_ttft_ms']:.0f} ms; burst TTFTs {ttfts} ms; last ÷ lone "
-            f"{f['last_over_lone']:.2f}×{beside}; streams' largest gap in the burst {f['stream_max_gap_during_burst_ms']:.0f} ms "
-            f"= {f['max_gap_over_median']:.2f}× their median {f['stream_median_gap_ms']:.0f} ms")  # fmt: skip
+            f"{f['last_over_lone']:.2f}×{spread('last_over_lone_range')}{beside}; streams' largest gap in the "
+            f"burst {f['stream_max_gap_during_burst_ms']:.0f} ms = {f['max_gap_over_median']:.2f}×"
+            f"{spread('max_gap_over_median_range')} their median {f['stream_median_gap_ms']:.0f} ms"
+            + (" (medians over rounds)" if n > 1 else ""))  # fmt: skip
 
 
 def main(
@@ -164,10 +223,13 @@ def main(
     model: str = "small",
     policies: str = "mixed,chunk",
     max_batched_tokens: int = 512,
+    rounds: int = BurstSettings.rounds,
 ) -> None:
     """`python -m harness.load.burst`: both policies from one run, figures printed and in out/burst.json."""
+    if rounds < 1:
+        raise typer.BadParameter(f"--rounds must be at least 1, got {rounds}")
     settings = BurstSettings(
-        model=model, policies=tuple(policies.split(",")), max_batched_tokens=max_batched_tokens
+        model=model, policies=tuple(policies.split(",")), max_batched_tokens=max_batched_tokens, rounds=rounds
     )
     result = run_burst(settings, out)
     if any("failure" in f for f in result["policies"].values()):
@@ -175,6 +237,4 @@ def main(
 
 
 if __name__ == "__main__":
-    import typer
-
     typer.run(main)
