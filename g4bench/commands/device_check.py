@@ -45,7 +45,8 @@ def device_check(
     step: Annotated[
         list[str] | None,
         typer.Option(
-            help="Run only this step (repeatable): doctor, revalidate, roofline, capacity, serve-load."
+            help="Run only this step (repeatable): doctor, revalidate, roofline, capacity, serve-load, "
+            "or burst (the burst-prefill check, run only when named)."
         ),
     ] = None,
     time_scale: Annotated[

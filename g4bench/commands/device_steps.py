@@ -20,8 +20,10 @@ E2B batch 32 ctx 8192, one round (reduced from the accelerator default of 2, so 
 process per configuration) of 5 samples after 2 warm-up steps: ~11 s per fresh process), roofline 50,
 capacity 110 (donated bf16 full-length KV, bisected to 5%), serve-load 120 (server start and
 bucket warm-up, then conc 2, 4, 8 × 8 requests of 1,024 in / 128 out, as the vLLM baseline's fixed
-workload). These are estimates for an H200, not measurements: a step over its budget is killed,
-recorded as "timeout", and the check goes on. JAX preallocation is off in every step
+workload). One optional step runs only when named: `--step burst`, 480 s (two servers warm up), the
+burst-prefill check (`python -m harness.load.burst`, both prefill policies on fresh E2B servers, 2
+rounds), whose CPU figures are bound by 2 cores' compute. These are estimates for an H200, not
+measurements: a step over its budget is killed, recorded as "timeout", and the check goes on. JAX preallocation is off in every step
 (XLA_PYTHON_CLIENT_PREALLOCATE=false) so children that share the device (serve-load's server, a
 capacity probe after the compile child) each take only what they use, and capacity's bisection
 meets the allocator's own limit rather than a preallocated pool.
@@ -47,8 +49,10 @@ STEP_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "PYTHONUNBUFFERED": "1"}
 @dataclass(frozen=True)
 class Step:
     name: str
-    argv: tuple[str, ...]  # after `python -m g4bench.cli`
+    argv: tuple[str, ...]  # after `python -m <module>`
     budget_s: float
+    module: str = "g4bench.cli"
+    optional: bool = False  # run only when named (`--step`): outside the 8-minute default check
 
 
 @dataclass
@@ -77,7 +81,8 @@ class CheckOutcome:
 # ------------------------------------------------------------------------------------------------
 def steps(out: Path, dry_run: bool) -> list[Step]:
     """The steps in order; each writes its run folder under `out`."""
-    d = {name: str(out / name) for name in ("doctor", "revalidate", "roofline", "capacity", "serve-load")}
+    names = ("doctor", "revalidate", "roofline", "capacity", "serve-load", "burst")
+    d = {name: str(out / name) for name in names}
     if dry_run:  # the CPU, tiny models and shapes: every step starts and writes its folder
         return [
             Step("doctor", ("doctor", "--no-e2b-compile", "--out", d["doctor"]), 120),
@@ -92,6 +97,8 @@ def steps(out: Path, dry_run: bool) -> list[Step]:
             Step("serve-load", ("serve-load", "--model", "tiny-a", "--workload", "fixed", "--conc", "2",
                                 "--num-requests", "2", "--input-len", "16", "--output-len", "4",
                                 "--out", d["serve-load"]), 150),
+            Step("burst", ("--model", "tiny-a", "--rounds", "1", "--stream-tokens", "1800", "--out", d["burst"]), 240,
+                 module="harness.load.burst", optional=True),
         ]  # fmt: skip
     return [
         Step("doctor", ("doctor", "--e2b-compile", "--out", d["doctor"]), 45),
@@ -105,6 +112,9 @@ def steps(out: Path, dry_run: bool) -> list[Step]:
         Step("serve-load", ("serve-load", "--model", "e2b", "--workload", "fixed", "--conc", "2,4,8",
                             "--num-requests", "8", "--input-len", "1024", "--output-len", "128",
                             "--out", d["serve-load"]), 120),
+        # the burst-prefill bar on the accelerator (both prefill policies, a fresh E2B server each)
+        Step("burst", ("--model", "e2b", "--rounds", "2", "--stream-tokens", "1500", "--out", d["burst"]), 480,
+             module="harness.load.burst", optional=True),
     ]  # fmt: skip
 
 
@@ -125,9 +135,9 @@ def _kill_tree(pid: int) -> None:
 
 
 def run_step(step: Step, out: Path, env: dict[str, str]) -> StepResult:
-    """Run one step as `python -m g4bench.cli ...` in its own session; kill it and its descendants
+    """Run one step as `python -m <its module> ...` in its own session; kill it and its descendants
     at the budget. Never raises for the step's own failure: it is the result's status."""
-    argv = [sys.executable, "-m", "g4bench.cli", *step.argv]
+    argv = [sys.executable, "-m", step.module, *step.argv]
     log = out / f"{step.name}.log"
     result = StepResult(step.name, list(step.argv), step.budget_s, log=str(log))
     t0 = time.perf_counter()
@@ -154,7 +164,7 @@ def run_check(
     time_scale: float = 1.0,
     progress: Any = None,
 ) -> CheckOutcome:
-    """Run the steps (or those named in `only`) in order, each with its budget × `time_scale`,
+    """Run the default steps (or those named in `only`, optional ones included) in order, each with its budget × `time_scale`,
     recording each; writes device-check.json after every step so an interrupted check still says
     what ran."""
     say = progress or (lambda _msg: None)
@@ -166,11 +176,12 @@ def run_check(
     plan = [
         replace(s, budget_s=s.budget_s * time_scale)
         for s in steps(out, dry_run)
-        if not only or s.name in only
+        if (s.name in only if only else not s.optional)
     ]
     started = time.perf_counter()
     for step in plan:
-        say(f"{step.name}: budget {step.budget_s:.0f} s: g4bench {' '.join(step.argv)}")
+        command = "g4bench" if step.module == "g4bench.cli" else f"python -m {step.module}"
+        say(f"{step.name}: budget {step.budget_s:.0f} s: {command} {' '.join(step.argv)}")
         res = run_step(step, out, env)
         outcome.results.append(res)
         say(f"{step.name}: {res.status} (rc {res.rc}) in {res.wall_s:.0f} s; log {res.log}")

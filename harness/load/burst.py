@@ -137,8 +137,9 @@ def round_figures(r: RoundRecords) -> dict[str, Any]:
         # a gap overlaps the burst when it ends after the send and starts before the last first token
         during += gaps[(at[1:] > r.burst_send) & (at[:-1] < burst_end)].tolist()
     if len(before) < 5 or not during:
+        hint = "" if during else "; the streams ended before the burst: raise --stream-tokens"
         raise RuntimeError(
-            f"too few stream gaps to judge ({len(before)} before, {len(during)} during the burst)"
+            f"too few stream gaps to judge ({len(before)} before, {len(during)} during the burst){hint}"
         )
     median_gap = float(np.median(before))
     return {
@@ -224,13 +225,17 @@ def main(
     policies: str = "mixed,chunk",
     max_batched_tokens: int = 512,
     rounds: int = BurstSettings.rounds,
+    stream_tokens: int = BurstSettings.stream_tokens,
 ) -> None:
     """`python -m harness.load.burst`: both policies from one run, figures printed and in out/burst.json."""
     if rounds < 1:
         raise typer.BadParameter(f"--rounds must be at least 1, got {rounds}")
+    if stream_tokens < 8:
+        raise typer.BadParameter(f"--stream-tokens must be at least 8, got {stream_tokens}")
     settings = BurstSettings(
-        model=model, policies=tuple(policies.split(",")), max_batched_tokens=max_batched_tokens, rounds=rounds
-    )
+        model=model, policies=tuple(policies.split(",")), max_batched_tokens=max_batched_tokens, rounds=rounds,
+        stream_tokens=stream_tokens,
+    )  # fmt: skip
     result = run_burst(settings, out)
     if any("failure" in f for f in result["policies"].values()):
         raise SystemExit(1)

@@ -19,16 +19,24 @@ from g4bench.commands.device_steps import steps
 
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_every_step_command_line_parses(tmp_path: Path, dry_run: bool):
+    from harness.load import burst
+
     group = typer.main.get_command(app)
+    burst_app = typer.Typer()
+    burst_app.command()(burst.main)
     plan = steps(tmp_path, dry_run)
-    assert [s.name for s in plan] == ["doctor", "revalidate", "roofline", "capacity", "serve-load"]
+    assert [s.name for s in plan] == ["doctor", "revalidate", "roofline", "capacity", "serve-load", "burst"]
+    assert [s.name for s in plan if s.optional] == ["burst"]
     for step in plan:
-        command = group.commands[step.argv[0]]
         # parses and validates every option without running the command
-        command.make_context(step.argv[0], list(step.argv[1:]))
+        if step.module == "g4bench.cli":
+            group.commands[step.argv[0]].make_context(step.argv[0], list(step.argv[1:]))
+        else:
+            assert step.module == "harness.load.burst"
+            typer.main.get_command(burst_app).make_context("burst", list(step.argv))
         assert str(tmp_path / step.name) in step.argv, f"{step.name} must write its own run folder"
     if not dry_run:
-        assert sum(s.budget_s for s in plan) < 8 * 60
+        assert sum(s.budget_s for s in plan if not s.optional) < 8 * 60
 
 
 def test_dry_run_passes_on_the_cpu(tmp_path: Path):
@@ -38,7 +46,7 @@ def test_dry_run_passes_on_the_cpu(tmp_path: Path):
     logs = {r.name: Path(r.log).read_text()[-2000:] for r in outcome.failed}
     assert not outcome.failed, logs
     summary = json.loads((tmp_path / "device-check.json").read_text())
-    assert [s["status"] for s in summary["steps"]] == ["ok"] * 5
+    assert [s["status"] for s in summary["steps"]] == ["ok"] * 5  # the optional burst step not among them
     doctor = json.loads((tmp_path / "doctor" / "doctor.json").read_text())
     assert doctor["broken"] == 0 and doctor["facts"]["device"]["platform"] == "cpu"
     records = {
@@ -51,6 +59,20 @@ def test_dry_run_passes_on_the_cpu(tmp_path: Path):
     # the bisection's oversized probes are recorded OOMs; the ceiling it found is not
     ceilings = [r for r in records["capacity"] if r.get("record") == "ceiling"]
     assert ceilings and ceilings[0]["max_batch"] > 0 and "failure" not in ceilings[0]
+
+
+def test_the_optional_burst_step_runs_when_named(tmp_path: Path):
+    """`--step burst` at tiny sizes: both policies' servers start and the figures are written."""
+    from g4bench.commands.device_steps import run_check
+
+    outcome = run_check(tmp_path, dry_run=True, only=["burst"], time_scale=3.0)
+    assert [r.name for r in outcome.results] == ["burst"]
+    assert not outcome.failed, Path(outcome.results[0].log).read_text()[-2000:]
+    figures = json.loads((tmp_path / "burst" / "burst.json").read_text())["policies"]
+    assert set(figures) == {"mixed", "chunk"}
+    for f in figures.values():
+        assert "failure" not in f and len(f["rounds"]) == 1 and len(f["burst_ttft_ms"]) == 8
+        assert f["last_over_lone"] > 0 and f["max_gap_over_median"] > 0
 
 
 def test_a_failed_step_is_recorded_and_the_check_goes_on(tmp_path: Path, monkeypatch):

@@ -57,6 +57,9 @@ def test_a_failed_request_or_too_few_gaps_is_an_error_naming_it():
     short = replace(_round(), streams=[_rec("stream0", 0.0, [0.0, 0.05, 0.1, 2.1, 2.5])])
     with pytest.raises(RuntimeError, match="too few stream gaps"):
         round_figures(short)
+    ended = replace(_round(), streams=[_rec("stream0", 0.0, [0.05 * i for i in range(30)])])
+    with pytest.raises(RuntimeError, match="ended before the burst: raise --stream-tokens"):
+        round_figures(ended)
 
 
 def test_rounds_combine_to_medians_with_the_spread_and_every_round_kept():
