@@ -23,10 +23,10 @@ bucket warm-up, then conc 2, 4, 8 × 8 requests of 1,024 in / 128 out, as the vL
 workload). One optional step runs only when named: `--step burst`, 480 s (two servers warm up), the
 burst-prefill check (`python -m harness.load.burst`, both prefill policies on fresh E2B servers, 2
 rounds), whose CPU figures are bound by 2 cores' compute. These are estimates for an H200, not
-measurements: a step over its budget is killed, recorded as "timeout", and the check goes on. JAX preallocation is off in every step
-(XLA_PYTHON_CLIENT_PREALLOCATE=false) so children that share the device (serve-load's server, a
-capacity probe after the compile child) each take only what they use, and capacity's bisection
-meets the allocator's own limit rather than a preallocated pool.
+measurements: a step over its budget is killed, recorded as "timeout", and the check goes on. JAX
+preallocation is off in every step (XLA_PYTHON_CLIENT_PREALLOCATE=false) so children that share
+the device (serve-load's server, a capacity probe after the compile child) each take only what they
+use, and capacity's bisection meets the allocator's own limit rather than a preallocated pool.
 """
 
 from __future__ import annotations
@@ -164,9 +164,9 @@ def run_check(
     time_scale: float = 1.0,
     progress: Any = None,
 ) -> CheckOutcome:
-    """Run the default steps (or those named in `only`, optional ones included) in order, each with its budget × `time_scale`,
-    recording each; writes device-check.json after every step so an interrupted check still says
-    what ran."""
+    """Run the default steps (or those named in `only`, optional ones included) in order, each with
+    its budget × `time_scale`, recording each; writes device-check.json after every step so an
+    interrupted check still says what ran."""
     say = progress or (lambda _msg: None)
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **STEP_ENV}
