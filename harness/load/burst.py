@@ -17,8 +17,8 @@ prefill policy, each on its own freshly started server (harness/load/server.py),
 
 Each server runs `rounds` such rounds (lone prompts on the idle server, streams, loaded prompts,
 burst); a policy's figures are the medians over its rounds, with the bar ratios' [min, max] and
-every round kept in burst.json (`round_figures` per round, `combine` across them). Rounds in one run
-agree within a few percent; one burst is not a figure (docs/findings.md §1.6).
+every round kept in burst.json (`round_figures` per round, `combine` across them): one burst is not
+a figure on a shared host (docs/findings.md §1.6).
 
 Every time is client-side over HTTP (`stream_request`), so it includes what a user sees.
 """
