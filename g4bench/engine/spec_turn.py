@@ -54,12 +54,15 @@ class SpecTurn:
 
     def _spec_step(self) -> None:
         assert self.spec is not None
-        ready = [r for r in self._running.values() if r.next_token is not None]
-        plain = [r for r in ready if r.params.constraint is not None or r.params.logprobs is not None]
+        plain: list[Any] = []
+        batch: list[Any] = []
+        for r in self._running.values():
+            if r.next_token is not None:
+                masked = r.params.constraint is not None or r.params.logprobs is not None
+                (plain if masked else batch).append(r)
         plain = self._advance_constraints(plain)
         if plain:
             self._run_decode(plain, True)
-        batch = [r for r in ready if r.params.constraint is None and r.params.logprobs is None]
         if not batch:
             return
         try:

@@ -32,7 +32,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import numpy as np
@@ -224,14 +224,10 @@ def main(
     model: str = "small",
     policies: str = "mixed,chunk",
     max_batched_tokens: int = 512,
-    rounds: int = BurstSettings.rounds,
-    stream_tokens: int = BurstSettings.stream_tokens,
+    rounds: Annotated[int, typer.Option(min=1)] = BurstSettings.rounds,
+    stream_tokens: Annotated[int, typer.Option(min=8)] = BurstSettings.stream_tokens,
 ) -> None:
     """`python -m harness.load.burst`: both policies from one run, figures printed and in out/burst.json."""
-    if rounds < 1:
-        raise typer.BadParameter(f"--rounds must be at least 1, got {rounds}")
-    if stream_tokens < 8:
-        raise typer.BadParameter(f"--stream-tokens must be at least 8, got {stream_tokens}")
     settings = BurstSettings(
         model=model, policies=tuple(policies.split(",")), max_batched_tokens=max_batched_tokens, rounds=rounds,
         stream_tokens=stream_tokens,
