@@ -59,11 +59,11 @@ class BurstSettings:
     rounds: int = 3
 
 
-def _ids(rng: random.Random, n: int) -> list[int]:
+def fresh_ids(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(3, 250) for _ in range(n)]
 
 
-def _spec(model: str, ids: list[int], max_tokens: int, rid: str) -> RequestSpec:
+def prompt_spec(model: str, ids: list[int], max_tokens: int, rid: str) -> RequestSpec:
     body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0,
             "ignore_eos": True, "min_tokens": max_tokens, "return_token_ids": True}  # fmt: skip
     return RequestSpec("/v1/completions", body, rid, input_len=len(ids), prompt_ids=ids)
@@ -100,20 +100,20 @@ async def _measure(base_url: str, s: BurstSettings, rng: random.Random) -> list[
             return await stream_request(client, base_url, spec, t0=t0, scheduled_s=time.perf_counter() - t0,
                                         timeout_s=s.timeout_s)  # fmt: skip
 
-        await send(_spec(s.model, _ids(rng, s.prompt_len), 4, "warm"))  # the first request's host paths
+        await send(prompt_spec(s.model, fresh_ids(rng, s.prompt_len), 4, "warm"))  # the first request's host paths
         for k in range(s.rounds):
             lone = [
-                await send(_spec(s.model, _ids(rng, s.prompt_len), 8, f"r{k}-lone{i}")) for i in range(s.lone)
+                await send(prompt_spec(s.model, fresh_ids(rng, s.prompt_len), 8, f"r{k}-lone{i}")) for i in range(s.lone)
             ]
-            streams = [asyncio.create_task(send(_spec(s.model, _ids(rng, 16), s.stream_tokens, f"r{k}-stream{i}")))
+            streams = [asyncio.create_task(send(prompt_spec(s.model, fresh_ids(rng, 16), s.stream_tokens, f"r{k}-stream{i}")))
                        for i in range(s.streams)]  # fmt: skip
             await asyncio.sleep(s.lead_s)  # the streams run alone first: their before-burst gaps
             loaded_send = time.perf_counter() - t0
             # the same single prompts while the streams decode: a burst of one into the same server
-            loaded = [await send(_spec(s.model, _ids(rng, s.prompt_len), 8, f"r{k}-loaded{i}"))
+            loaded = [await send(prompt_spec(s.model, fresh_ids(rng, s.prompt_len), 8, f"r{k}-loaded{i}"))
                       for i in range(s.lone)]  # fmt: skip
             burst_send = time.perf_counter() - t0
-            burst = await asyncio.gather(*(send(_spec(s.model, _ids(rng, s.prompt_len), 8, f"r{k}-burst{i}"))
+            burst = await asyncio.gather(*(send(prompt_spec(s.model, fresh_ids(rng, s.prompt_len), 8, f"r{k}-burst{i}"))
                                            for i in range(s.burst)))  # fmt: skip
             running = await asyncio.gather(*streams)
             rounds.append(RoundRecords(lone, loaded, list(burst), list(running), loaded_send, burst_send))

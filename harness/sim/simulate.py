@@ -82,6 +82,33 @@ class ServerShape:
                             prefill_policy=self.prefill_policy)  # fmt: skip
 
 
+def generation_params(body: dict[str, Any]) -> GenerationParams:
+    """What a request body asks the scheduler for (the simulated workloads' fields)."""
+    return GenerationParams(max_tokens=int(body["max_tokens"]), min_tokens=int(body.get("min_tokens", 0)),
+                            ignore_eos=bool(body.get("ignore_eos", False)))  # fmt: skip
+
+
+def request_record(
+    spec: RequestSpec, res: RequestResult, *, scheduled_s: float, send_s: float, submitted_s: float
+) -> RequestRecord:
+    """A simulated request as harness/load/client.py records a measured one: one token per chunk,
+    chunk times the scheduler's token times counted from the client's send (`submitted_s` is when
+    the scheduler saw it), usage from the scheduler's counts."""
+    n = len(res.output_ids)
+    late = submitted_s - send_s  # the scheduler's times count from its submission
+    ok = res.finish_reason in ("stop", "length")
+    return RequestRecord(
+        request_id=spec.request_id, endpoint=spec.endpoint, agent_id=spec.agent_id, task_id=spec.task_id,
+        turn=spec.turn, input_len=spec.input_len, max_tokens=int(spec.body["max_tokens"]),
+        scheduled_s=scheduled_s, send_s=send_s, ok=ok, error=res.error,
+        error_kind=None if ok else "http", status_code=200 if ok else 500,
+        chunk_times=[t + late for t in res.token_times_s], chunk_tokens=[1] * n, chunk_tokens_source="token_ids",
+        end_s=submitted_s + res.token_times_s[-1] if res.token_times_s else None, done=ok,
+        finish_reason=res.finish_reason, prompt_tokens=res.prompt_tokens, completion_tokens=n,
+        cached_tokens=res.cached_tokens, output_ids=list(res.output_ids), prompt_ids=spec.prompt_ids,
+    )  # fmt: skip
+
+
 class SimulationError(RuntimeError):
     """The simulated server cannot make progress (a request that can never be placed)."""
 
@@ -131,35 +158,21 @@ class _Level:
     def send(self, task: Task, scheduled_s: float, send_s: float) -> None:
         spec = task.next_spec()
         assert spec is not None and spec.prompt_ids is not None  # token transport, a turn left
-        body = spec.body
-        params = GenerationParams(max_tokens=int(body["max_tokens"]), min_tokens=int(body.get("min_tokens", 0)),
-                                  ignore_eos=bool(body.get("ignore_eos", False)))  # fmt: skip
         sink = _Sink(self, task, spec, send_s, scheduled_s, self.clock.now)
-        self.scheduler.submit(list(spec.prompt_ids), params, sink)
+        self.scheduler.submit(list(spec.prompt_ids), generation_params(spec.body), sink)
 
     def start_task(self, task: Task, scheduled_s: float, send_s: float) -> None:
         self.in_flight += 1
         self.send(task, scheduled_s, send_s)
 
     def finished(self, sink: _Sink, res: RequestResult) -> None:
-        spec, n = sink.spec, len(res.output_ids)
-        late = sink.submitted_s - sink.send_s  # the scheduler's times count from its submission
-        ok = res.finish_reason in ("stop", "length")
-        rec = RequestRecord(
-            request_id=spec.request_id, endpoint=spec.endpoint, agent_id=spec.agent_id, task_id=spec.task_id,
-            turn=spec.turn, input_len=spec.input_len, max_tokens=int(spec.body["max_tokens"]),
-            scheduled_s=sink.scheduled_s, send_s=sink.send_s, ok=ok, error=res.error,
-            error_kind=None if ok else "http", status_code=200 if ok else 500,
-            chunk_times=[t + late for t in res.token_times_s], chunk_tokens=[1] * n, chunk_tokens_source="token_ids",
-            end_s=sink.submitted_s + res.token_times_s[-1] if res.token_times_s else None, done=ok,
-            finish_reason=res.finish_reason, prompt_tokens=res.prompt_tokens, completion_tokens=n,
-            cached_tokens=res.cached_tokens, output_ids=list(res.output_ids), prompt_ids=spec.prompt_ids,
-        )  # fmt: skip
+        rec = request_record(sink.spec, res, scheduled_s=sink.scheduled_s, send_s=sink.send_s,
+                             submitted_s=sink.submitted_s)  # fmt: skip
         self.records.append(rec)
         for _ in range(self.held):  # the lead's first turn ended: the other workers start
             self.push(self.clock.now, "free", None)
         self.held = 0
-        if ok and sink.task.observe(rec) is None and sink.task.turn < self.cfg.workload.turns_per_task:
+        if rec.ok and sink.task.observe(rec) is None and sink.task.turn < self.cfg.workload.turns_per_task:
             self.push(self.clock.now, "turn", sink.task)  # the next turn, sent as the reply ends
             return
         self.in_flight -= 1
@@ -190,7 +203,7 @@ class _Level:
         return task
 
 
-def _arrived(send_s: float, now: float, busy: bool) -> bool:
+def arrived(send_s: float, now: float, busy: bool) -> bool:
     """Whether a client send at `send_s` has reached the scheduler at `now`: before `now`, or at `now`
     itself only when the engine is idle (a busy engine thread is already in its next call)."""
     return send_s < now or (not busy and send_s <= now)
@@ -216,7 +229,7 @@ def simulate_level(
     busy = False  # the last step ran an engine call: with work left, the engine thread goes straight on
     while True:
         # a send at the boundary the engine just reached arrives during its next call (module docstring)
-        while level.events and _arrived(level.events[0][0], clock.now, busy):
+        while level.events and arrived(level.events[0][0], clock.now, busy):
             t, _, kind, arg = heapq.heappop(level.events)
             level.handle(t, kind, arg)
         if sched.num_active or sched.num_waiting:
