@@ -100,21 +100,21 @@ async def _measure(base_url: str, s: BurstSettings, rng: random.Random) -> list[
             return await stream_request(client, base_url, spec, t0=t0, scheduled_s=time.perf_counter() - t0,
                                         timeout_s=s.timeout_s)  # fmt: skip
 
-        await send(prompt_spec(s.model, fresh_ids(rng, s.prompt_len), 4, "warm"))  # the first request's host paths
+        def prompt(rid: str, max_tokens: int = 8) -> RequestSpec:
+            return prompt_spec(s.model, fresh_ids(rng, s.prompt_len), max_tokens, rid)
+
+        await send(prompt("warm", 4))  # the first request's host paths
         for k in range(s.rounds):
-            lone = [
-                await send(prompt_spec(s.model, fresh_ids(rng, s.prompt_len), 8, f"r{k}-lone{i}")) for i in range(s.lone)
-            ]
-            streams = [asyncio.create_task(send(prompt_spec(s.model, fresh_ids(rng, 16), s.stream_tokens, f"r{k}-stream{i}")))
+            lone = [await send(prompt(f"r{k}-lone{i}")) for i in range(s.lone)]
+            streams = [asyncio.create_task(send(prompt_spec(s.model, fresh_ids(rng, 16), s.stream_tokens,
+                                                            f"r{k}-stream{i}")))
                        for i in range(s.streams)]  # fmt: skip
             await asyncio.sleep(s.lead_s)  # the streams run alone first: their before-burst gaps
             loaded_send = time.perf_counter() - t0
             # the same single prompts while the streams decode: a burst of one into the same server
-            loaded = [await send(prompt_spec(s.model, fresh_ids(rng, s.prompt_len), 8, f"r{k}-loaded{i}"))
-                      for i in range(s.lone)]  # fmt: skip
+            loaded = [await send(prompt(f"r{k}-loaded{i}")) for i in range(s.lone)]
             burst_send = time.perf_counter() - t0
-            burst = await asyncio.gather(*(send(prompt_spec(s.model, fresh_ids(rng, s.prompt_len), 8, f"r{k}-burst{i}"))
-                                           for i in range(s.burst)))  # fmt: skip
+            burst = await asyncio.gather(*(send(prompt(f"r{k}-burst{i}")) for i in range(s.burst)))
             running = await asyncio.gather(*streams)
             rounds.append(RoundRecords(lone, loaded, list(burst), list(running), loaded_send, burst_send))
     return rounds

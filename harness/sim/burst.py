@@ -18,8 +18,8 @@ client writes. The lead is counted in stream tokens, not seconds (3 s of decode 
 CPU and hundreds on an accelerator): the streams' median gap is a steady decode step either way.
 
 What it leaves out: HTTP, the client, and the server's host work between engine calls. On the CPU
-host its figures are the engine's share of the measured ones (docs/findings.md compares the two); on
-an accelerator they are a prediction from a profile, with the pricer's basis per program (which fit
+its figures are the engine's share of the measured ones on the host the profile was fitted on
+(docs/findings.md §7 compares the two); on an accelerator they are a prediction from a profile, with the pricer's basis per program (which fit
 priced the mixed and prefill calls) recorded beside them, not a measurement.
 """
 
@@ -215,10 +215,10 @@ def sim_line(f: dict[str, Any]) -> str:
     if "failure" in f:
         return f"FAILED {f['failure']}"
     calls = ", ".join(f"{v['calls']} {k} ({v['ms']:.1f} ms)" for k, v in f["burst_calls"].items())
-    return (f"lone {f['lone_ttft_ms']:.1f} ms, 8th {f['burst_ttft_ms'][-1]:.1f} ms: last ÷ lone "
+    return (f"lone {f['lone_ttft_ms']:.1f} ms, last {f['burst_ttft_ms'][-1]:.1f} ms: last ÷ lone "
             f"{f['last_over_lone']:.2f}×; streams' largest gap {f['stream_max_gap_during_burst_ms']:.1f} ms = "
-            f"{f['max_gap_over_median']:.2f}× their median {f['stream_median_gap_ms']:.1f} ms; calls from the "
-            f"burst on: {calls}")  # fmt: skip
+            f"{f['max_gap_over_median']:.2f}× their median {f['stream_median_gap_ms']:.1f} ms; calls overlapping "
+            f"the burst: {calls}")  # fmt: skip
 
 
 def main(
