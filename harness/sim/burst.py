@@ -36,12 +36,20 @@ from typing import Annotated, Any
 
 import typer
 
+from g4bench.commands.options import TARGET_HELP, int_list, str_list
 from g4bench.engine.logprobs import TokenLogprob
 from g4bench.engine.scheduler import RequestResult, Scheduler
 from g4bench.engine.virtual_engine import VirtualClock, VirtualEngine
 from harness.load.burst import RoundRecords, fresh_ids, prompt_spec, round_figures
 from harness.load.client import RequestRecord, RequestSpec
-from harness.sim.simulate import ServerShape, SimulationError, arrived, generation_params, request_record
+from harness.sim.simulate import (
+    ServerShape,
+    SimulationError,
+    arrived,
+    generation_params,
+    request_record,
+    server_turn,
+)
 
 
 @dataclass(frozen=True)
@@ -108,32 +116,22 @@ class _Driver:
 
     def run(self, done: Callable[[], bool]) -> None:
         """Step the server until `done()`; SimulationError when nothing can make it true."""
-        sched = self.scheduler
         while not done():
             while self.pending and arrived(self.pending[0][0], self.clock.now, self.busy):
                 send_s, _, spec = heapq.heappop(self.pending)
                 sink = _Sink(self, spec, send_s, self.clock.now)
                 self.sinks[spec.request_id] = sink
-                sched.submit(list(spec.prompt_ids or ()), generation_params(spec.body), sink)
-            if sched.num_active or sched.num_waiting:
-                before, start = len(self.engine.calls), self.clock.now
-                sched.step()
-                for call in self.engine.calls[before:]:  # one loop turn may run more than one call
-                    seconds = self.engine.price(call)
-                    self.timeline.append((start, call, seconds))
-                    start += seconds
-                self.busy = len(self.engine.calls) > before
-                if not self.busy:  # nothing could run: only a send can change that
-                    if not self.pending:
-                        raise SimulationError(
-                            f"{sched.num_active + sched.num_waiting} requests can never run"
-                        )
-                    self.clock.advance_to(self.pending[0][0])
-            elif self.pending:
-                self.busy = False  # idle: a send wakes the loop at once
-                self.clock.advance_to(self.pending[0][0])
-            else:
+                self.scheduler.submit(list(spec.prompt_ids or ()), generation_params(spec.body), sink)
+            before, start = len(self.engine.calls), self.clock.now
+            ran = server_turn(self.scheduler, self.engine, self.clock,
+                              self.pending[0][0] if self.pending else None, "{n} requests can never run")  # fmt: skip
+            if ran is None:
                 raise SimulationError("the script waits for requests the server does not hold")
+            for call in self.engine.calls[before:]:  # one loop turn may run more than one call
+                seconds = self.engine.price(call)
+                self.timeline.append((start, call, seconds))
+                start += seconds
+            self.busy = ran
 
 
 def simulate_round(
@@ -222,7 +220,7 @@ def sim_line(f: dict[str, Any]) -> str:
 
 
 def main(
-    target: str = "local",
+    target: Annotated[str, typer.Option(help=f"{TARGET_HELP}.")] = "local",
     model: Annotated[str | None, typer.Option(help="Model (default: the target's).")] = None,
     profile: Annotated[
         str | None, typer.Option(help="Step-time profile id or path (default: the target's).")
@@ -241,22 +239,15 @@ def main(
     out: Path | None = None,
 ) -> None:
     """`python -m harness.sim.burst`: the burst-prefill check simulated on a target's profile."""
-    from harness.sim.planner import resolve_target
+    from harness.sim.planner import cli_target
 
-    t = resolve_target(target, profile, model)
-    try:
-        sizes = tuple(int(b) for b in budgets.split(","))
-    except ValueError:
-        raise typer.BadParameter(
-            f"--max-batched-tokens: comma-separated positive ints, got {budgets!r}"
-        ) from None
-    if any(b < 1 for b in sizes):
-        raise typer.BadParameter(f"--max-batched-tokens: budgets must be positive, got {budgets!r}")
-    for line in t.assumptions:
-        print(f"assumption: {line}")
+    sizes = int_list(budgets, "--max-batched-tokens")
+    assert sizes is not None  # a string never parses to None
+    t = cli_target(target, profile, model)
     s = SimBurstSettings(
-        model=t.model, policies=tuple(policies.split(",")), budgets=sizes, stream_tokens=stream_tokens
-    )
+        model=t.model, policies=str_list(policies) or SimBurstSettings.policies, budgets=sizes,
+        stream_tokens=stream_tokens,
+    )  # fmt: skip
     result = run_sim_burst(s, t, out)
     if any("failure" in f for row in result["budgets"].values() for f in row.values()):
         raise SystemExit(1)

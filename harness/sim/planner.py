@@ -127,6 +127,18 @@ def resolve_target(target: str, profile: str | None = None, model: str | None = 
     return t
 
 
+def cli_target(target: str, profile: str | None = None, model: str | None = None) -> Target:
+    """`resolve_target` for a command line: an unknown target is a usage error that lists them, and
+    the assumptions are printed before any figure."""
+    from g4bench.commands.options import target_hardware
+
+    target_hardware(target)
+    t = resolve_target(target, profile, model)
+    for line in t.assumptions:
+        print(f"assumption: {line}")
+    return t
+
+
 def capacity_overheads(run_dir: Path, target: Target) -> dict[tuple[str, str], tuple[int, str]]:
     """{(kv dtype, sliding KV): (non-KV bytes, source)} from a capacity run's donated ceilings on the
     served KV layout, compiled for `target` (what the admission arithmetic adds to the KV rows: the

@@ -24,6 +24,7 @@ from typing import Annotated, Any
 
 import typer
 
+from g4bench.commands.options import TARGET_HELP
 from harness.load.report import build_summary
 from harness.load.runner import LoadConfig
 from harness.load.workloads import Kind, WorkloadConfig
@@ -86,7 +87,7 @@ def ratio_line(row: dict[str, Any]) -> str:
 
 
 def main(
-    target: str = "local",
+    target: Annotated[str, typer.Option(help=f"{TARGET_HELP}.")] = "local",
     model: Annotated[str | None, typer.Option(help="Model (default: the target's).")] = None,
     profile: Annotated[
         str | None, typer.Option(help="Step-time profile id or path (default: the target's).")
@@ -94,11 +95,9 @@ def main(
     out: Annotated[Path | None, typer.Option(help="Write the rows to OUT/prefix-share-sim.json.")] = None,
 ) -> None:
     """`python -m harness.sim.prefix_share`: run.sh's prefix-sharing ratios, simulated on a target's profile."""
-    from harness.sim.planner import resolve_target
+    from harness.sim.planner import cli_target
 
-    t = resolve_target(target, profile, model)
-    for line in t.assumptions:
-        print(f"assumption: {line}")
+    t = cli_target(target, profile, model)
     rows = prefix_share_ratios(t)
     for row in rows:
         print(ratio_line(row))

@@ -209,6 +209,28 @@ def arrived(send_s: float, now: float, busy: bool) -> bool:
     return send_s < now or (not busy and send_s <= now)
 
 
+def server_turn(sched: Scheduler, engine: VirtualEngine, clock: VirtualClock, next_send: float | None,
+                stuck: str) -> bool | None:  # fmt: skip
+    """One turn of the simulated server's loop, once the sends due by now are delivered: a scheduler
+    step when it holds work (→ whether an engine call ran; when none could, the clock jumps to the
+    next send, the only thing that can change that), else the clock jumps to the next send (the idle
+    loop sleeps until a submit wakes it: → False); None when there is neither work nor a send.
+    SimulationError (`stuck`, its {n} the requests held) when work can never run and no send is left."""
+    if sched.num_active or sched.num_waiting:
+        before = len(engine.calls)
+        sched.step()
+        if len(engine.calls) > before:
+            return True
+        if next_send is None:
+            raise SimulationError(stuck.format(n=sched.num_waiting + sched.num_active))
+        clock.advance_to(next_send)
+        return False
+    if next_send is None:
+        return None
+    clock.advance_to(next_send)
+    return False
+
+
 def simulate_level(
     cfg: LoadConfig, conc: int, shape: ServerShape, pricer: Any, model_cfg: Any
 ) -> tuple[LevelResult, VirtualEngine]:
@@ -232,22 +254,12 @@ def simulate_level(
         while level.events and arrived(level.events[0][0], clock.now, busy):
             t, _, kind, arg = heapq.heappop(level.events)
             level.handle(t, kind, arg)
-        if sched.num_active or sched.num_waiting:
-            before = len(engine.calls)
-            sched.step()
-            busy = len(engine.calls) > before
-            if not busy:  # nothing could run: only a client event can change that
-                if not level.events:
-                    raise SimulationError(
-                        f"c={conc}: {sched.num_waiting + sched.num_active} requests can never be placed "
-                        f"(KV pool too small for max_len {shape.max_len}?)"
-                    )
-                clock.advance_to(level.events[0][0])
-        elif level.events:
-            busy = False  # idle: the server's loop sleeps until a submit wakes it
-            clock.advance_to(level.events[0][0])
-        else:
+        ran = server_turn(sched, engine, clock, level.events[0][0] if level.events else None,
+                          f"c={conc}: {{n}} requests can never be placed (KV pool too small for max_len "
+                          f"{shape.max_len}?)")  # fmt: skip
+        if ran is None:
             break
+        busy = ran
     return LevelResult(conc, level.records, clock.now), engine
 
 
