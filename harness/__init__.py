@@ -4,7 +4,8 @@ A small measurement core at the top level, shared by every command:
 
 - `run` (run folders), `records` / `results` (typed records, the schema, reading runs back),
   `env` (where a record was measured), `hardware` (device figures), `isolate` (fresh-process
-  children), `timing` (step timing), `hostload` (is the host quiet), `stats`, `tables`, `plots`.
+  children), `timing` (step timing), `hostload` (is the host quiet), `stats`, `tables`, `plots`,
+  `args` (the list and target values every command line parses, the CLI's and the rooms' own).
 
 One room per capability, each over that core (a room's `main` is its command's entry point):
 

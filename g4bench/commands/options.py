@@ -1,5 +1,6 @@
-"""Option parsing and naming shared by every command: one list parser, one floor syntax, one target
-list, and the hidden aliases that keep renamed flags working (with a warning) for one release.
+"""Option parsing and naming shared by every command: one list parser and one target list (from
+harness/args.py, shared with the harness's own instruments), one floor syntax, and the hidden
+aliases that keep renamed flags working (with a warning) for one release.
 
 Names (tests/commands/test_option_names.py walks every command against `CONCEPTS`):
 prompt length `--input-len`, output length `--output-len`, model id clients send `--model-name`,
@@ -14,6 +15,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
+
+# Re-exported: the commands take every shared option helper from this one module.
+from harness.args import TARGET_HELP as TARGET_HELP
+from harness.args import TARGETS as TARGETS
+from harness.args import int_list as int_list
+from harness.args import str_list as str_list
+from harness.args import target_hardware as target_hardware
 
 T = TypeVar("T")
 
@@ -31,23 +39,11 @@ CONCEPTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "engine slots": ("--max-slots", ("--slots", "--num-slots")),
 }
 
-# Every hardware target a command may be asked for; `target_hardware` maps it onto configs/hardware.
-TARGETS = ("local", "tpu-v5e", "tpu-v5p", "tpu-v6e", "h100", "h200")
-TARGET_HELP = "local (this host) | tpu-v5e | tpu-v5p | tpu-v6e | h100 | h200"
-_HARDWARE = {"local": "cpu", "h100": "nvidia-h100", "h200": "nvidia-h200"}
-
 # The packaged goodput objectives; help shows the checkout-relative path, never this host's absolute one.
 SLO_DEFAULT = Path(__file__).resolve().parents[2] / "configs" / "slo" / "agent.toml"
 SLO_DEFAULT_HELP = "configs/slo/agent.toml in the checkout"
 
 MODEL_HELP = "e2b | e4b | small | a tiny-* preset | a config .json | a checkpoint DIR"
-
-
-def target_hardware(target: str) -> str:
-    """The configs/hardware id of a `--target` value; an unknown target is a usage error listing them."""
-    if target not in TARGETS:
-        raise typer.BadParameter(f"--target takes one of {', '.join(TARGETS)}; got {target!r}")
-    return _HARDWARE.get(target, target)
 
 
 def _warn(old: str, new: str):
@@ -83,24 +79,3 @@ def parse_floor(text: str | None, option: str = "--floor") -> float | None:
     if not 0 <= value < 1:
         raise typer.BadParameter(f"{option} must be in [0%, 100%), got {text!r}")
     return value
-
-
-def int_list(text: str | None, option: str, minimum: int = 1) -> tuple[int, ...] | None:
-    """``"1,8,32"`` → (1, 8, 32); None stays None; anything else is a usage error naming `option`."""
-    if text is None:
-        return None
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError as exc:
-        raise typer.BadParameter(f"{option} takes comma-separated integers, got {text!r}") from exc
-    if not values:
-        raise typer.BadParameter(f"{option} is empty")
-    if min(values) < minimum:
-        raise typer.BadParameter(f"{option} values must be >= {minimum}, got {text!r}")
-    return values
-
-
-def str_list(text: str | None) -> tuple[str, ...] | None:
-    """``"bf16, int8"`` → ("bf16", "int8"); None or empty stays None."""
-    values = tuple(v.strip() for v in text.split(",") if v.strip()) if text else ()
-    return values or None

@@ -36,10 +36,10 @@ from typing import Annotated, Any
 
 import typer
 
-from g4bench.commands.options import TARGET_HELP, int_list, str_list
 from g4bench.engine.logprobs import TokenLogprob
 from g4bench.engine.scheduler import RequestResult, Scheduler
 from g4bench.engine.virtual_engine import VirtualClock, VirtualEngine
+from harness.args import TARGET_HELP, int_list, str_list
 from harness.load.burst import RoundRecords, fresh_ids, prompt_spec, round_figures
 from harness.load.client import RequestRecord, RequestSpec
 from harness.sim.simulate import (

@@ -130,7 +130,7 @@ def resolve_target(target: str, profile: str | None = None, model: str | None = 
 def cli_target(target: str, profile: str | None = None, model: str | None = None) -> Target:
     """`resolve_target` for a command line: an unknown target is a usage error that lists them, and
     the assumptions are printed before any figure."""
-    from g4bench.commands.options import target_hardware
+    from harness.args import target_hardware
 
     target_hardware(target)
     t = resolve_target(target, profile, model)

@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 import typer
 
-from g4bench.commands.options import TARGET_HELP
+from harness.args import TARGET_HELP
 from harness.load.report import build_summary
 from harness.load.runner import LoadConfig
 from harness.load.workloads import Kind, WorkloadConfig
