@@ -1,5 +1,6 @@
 """Command-line values shared by the `g4bench` commands and the harness's own `python -m` instruments
-(harness.sim.burst, harness.sim.prefix_share): one comma-separated list syntax and one target list.
+(harness.sim.burst, harness.sim.prefix_share): one comma-separated list syntax, one target list, and
+the options that name a simulated target.
 A bad value is a usage error (typer.BadParameter) naming the option and what was given.
 
 The CLI reaches these through g4bench/commands/options.py, which re-exports them beside its naming
@@ -8,12 +9,21 @@ rules; the harness imports them from here, so nothing below the CLI imports it (
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 # Every hardware target a command may be asked for; `target_hardware` maps it onto configs/hardware.
 TARGETS = ("local", "tpu-v5e", "tpu-v5p", "tpu-v6e", "h100", "h200")
 TARGET_HELP = "local (this host) | tpu-v5e | tpu-v5p | tpu-v6e | h100 | h200"
 _HARDWARE = {"local": "cpu", "h100": "nvidia-h100", "h200": "nvidia-h200"}
+
+# What a simulating command line names: the target, its step-time profile, the model on it.
+TargetOption = Annotated[str, typer.Option(help=f"{TARGET_HELP}.")]
+ProfileOption = Annotated[
+    str | None, typer.Option(help="Step-time profile id or path (default: the target's).")
+]
+ModelOption = Annotated[str | None, typer.Option(help="Model (default: the target's).")]
 
 
 def target_hardware(target: str) -> str:

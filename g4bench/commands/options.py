@@ -19,6 +19,8 @@ import typer
 # Re-exported: the commands take every shared option helper from this one module.
 from harness.args import TARGET_HELP as TARGET_HELP
 from harness.args import TARGETS as TARGETS
+from harness.args import ProfileOption as ProfileOption
+from harness.args import TargetOption as TargetOption
 from harness.args import int_list as int_list
 from harness.args import str_list as str_list
 from harness.args import target_hardware as target_hardware

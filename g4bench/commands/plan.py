@@ -8,17 +8,22 @@ from typing import Annotated
 
 import typer
 
-from g4bench.commands.options import SLO_DEFAULT, SLO_DEFAULT_HELP, TARGET_HELP, str_list, target_hardware
+from g4bench.commands.options import (
+    SLO_DEFAULT,
+    SLO_DEFAULT_HELP,
+    ProfileOption,
+    TargetOption,
+    str_list,
+    target_hardware,
+)
 
 
 def plan(
     validate: Annotated[
         list[Path] | None, typer.Option(help="Measured serve-load run folder to re-simulate (repeatable).")
     ] = None,
-    target: Annotated[str, typer.Option(help=f"{TARGET_HELP}.")] = "local",
-    profile: Annotated[
-        str | None, typer.Option(help="Step-time profile id or path. (default: the target's)")
-    ] = None,
+    target: TargetOption = "local",
+    profile: ProfileOption = None,
     model: Annotated[
         str | None,
         typer.Option(help="Model: e2b | e4b | small | a tiny-* preset. (default: e2b; local: small)"),

@@ -39,7 +39,7 @@ import typer
 from g4bench.engine.logprobs import TokenLogprob
 from g4bench.engine.scheduler import RequestResult, Scheduler
 from g4bench.engine.virtual_engine import VirtualClock, VirtualEngine
-from harness.args import TARGET_HELP, int_list, str_list
+from harness.args import ModelOption, ProfileOption, TargetOption, int_list, str_list
 from harness.load.burst import RoundRecords, fresh_ids, prompt_spec, round_figures
 from harness.load.client import RequestRecord, RequestSpec
 from harness.sim.simulate import (
@@ -220,11 +220,9 @@ def sim_line(f: dict[str, Any]) -> str:
 
 
 def main(
-    target: Annotated[str, typer.Option(help=f"{TARGET_HELP}.")] = "local",
-    model: Annotated[str | None, typer.Option(help="Model (default: the target's).")] = None,
-    profile: Annotated[
-        str | None, typer.Option(help="Step-time profile id or path (default: the target's).")
-    ] = None,
+    target: TargetOption = "local",
+    model: ModelOption = None,
+    profile: ProfileOption = None,
     budgets: Annotated[
         str, typer.Option("--max-batched-tokens", help="Token budgets, comma-separated.")
     ] = "512",

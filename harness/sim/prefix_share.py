@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 import typer
 
-from harness.args import TARGET_HELP
+from harness.args import ModelOption, ProfileOption, TargetOption
 from harness.load.report import build_summary
 from harness.load.runner import LoadConfig
 from harness.load.workloads import Kind, WorkloadConfig
@@ -87,11 +87,9 @@ def ratio_line(row: dict[str, Any]) -> str:
 
 
 def main(
-    target: Annotated[str, typer.Option(help=f"{TARGET_HELP}.")] = "local",
-    model: Annotated[str | None, typer.Option(help="Model (default: the target's).")] = None,
-    profile: Annotated[
-        str | None, typer.Option(help="Step-time profile id or path (default: the target's).")
-    ] = None,
+    target: TargetOption = "local",
+    model: ModelOption = None,
+    profile: ProfileOption = None,
     out: Annotated[Path | None, typer.Option(help="Write the rows to OUT/prefix-share-sim.json.")] = None,
 ) -> None:
     """`python -m harness.sim.prefix_share`: run.sh's prefix-sharing ratios, simulated on a target's profile."""
